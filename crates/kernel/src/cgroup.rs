@@ -1,0 +1,381 @@
+//! Memory cgroups, v1 and v2: create and remove groups (through the settings guard), move
+//! tasks, limits, usage, memory.stat, memory.reclaim (v2) and PSI triggers.
+//!
+//! Pagewise's groups are created directly under the memory hierarchy's root as
+//! `pagewise-<name>` and removed by the guard, their remaining tasks moved back to the root.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::error::{read_file, read_trimmed, read_u64, write_file, Error, Result};
+use crate::guard::SettingsGuard;
+
+/// Which cgroup interface a group uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Version {
+    V1,
+    V2,
+}
+
+/// One line of /proc/mounts.
+fn mounts() -> Result<Vec<(String, String, String)>> {
+    Ok(read_file("/proc/mounts")?
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 4).then(|| (f[1].to_string(), f[2].to_string(), f[3].to_string()))
+        })
+        .collect())
+}
+
+/// The mount point of the cgroup v1 memory controller, if mounted.
+pub fn v1_memory_root() -> Option<PathBuf> {
+    mounts().ok()?.into_iter().find_map(|(dir, fstype, opts)| {
+        (fstype == "cgroup" && opts.split(',').any(|o| o == "memory")).then(|| PathBuf::from(dir))
+    })
+}
+
+/// The cgroup v2 mount point whose root offers the memory controller, if any.
+pub fn v2_memory_root() -> Option<PathBuf> {
+    mounts().ok()?.into_iter().find_map(|(dir, fstype, _)| {
+        if fstype != "cgroup2" {
+            return None;
+        }
+        let controllers = read_trimmed(Path::new(&dir).join("cgroup.controllers")).ok()?;
+        controllers.split_whitespace().any(|c| c == "memory").then(|| PathBuf::from(dir))
+    })
+}
+
+/// The cgroup v2 mount point, whatever controllers it has.
+pub fn v2_root() -> Option<PathBuf> {
+    mounts().ok()?.into_iter().find_map(|(dir, fstype, _)| (fstype == "cgroup2").then(|| PathBuf::from(dir)))
+}
+
+/// A memory cgroup.
+#[derive(Clone, Debug)]
+pub struct MemCgroup {
+    path: PathBuf,
+    version: Version,
+}
+
+/// "max" or bytes.
+pub fn parse_limit(text: &str) -> Result<Option<u64>> {
+    let t = text.trim();
+    if t == "max" {
+        return Ok(None);
+    }
+    let v: u64 = t.parse().map_err(|_| Error::parse("cgroup limit", format!("{t:?}")))?;
+    // v1 prints PAGE_COUNTER_MAX * PAGE_SIZE (9223372036854771712) for "unlimited".
+    Ok(if v >= (1 << 62) { None } else { Some(v) })
+}
+
+/// Parse memory.stat (both versions: `name value` lines).
+pub fn parse_memory_stat(text: &str) -> Result<BTreeMap<String, u64>> {
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let (k, v) = line
+            .split_once(' ')
+            .ok_or_else(|| Error::parse("memory.stat", format!("bad line {line:?}")))?;
+        let v = v.trim().parse().map_err(|_| Error::parse("memory.stat", format!("bad value in {line:?}")))?;
+        out.insert(k.to_string(), v);
+    }
+    Ok(out)
+}
+
+impl MemCgroup {
+    /// Create `pagewise-<name>` under the memory hierarchy (v2 when it has the memory
+    /// controller, else v1), owned by `guard`.
+    pub fn create(guard: &SettingsGuard, name: &str) -> Result<Self> {
+        if name.is_empty() || name.contains('/') || name.contains("..") {
+            return Err(Error::Invalid(format!("bad cgroup name {name:?}")));
+        }
+        let (root, version) = if let Some(r) = v2_memory_root() {
+            (r, Version::V2)
+        } else if let Some(r) = v1_memory_root() {
+            (r, Version::V1)
+        } else {
+            return Err(Error::Invalid("no memory cgroup controller is mounted (v1 or v2)".into()));
+        };
+        let path = root.join(format!("pagewise-{name}"));
+        if path.exists() {
+            // A leftover of a crashed run: take it over (and clean it up at the end).
+            guard.record_created_dir(path.clone(), Some(root.join("cgroup.procs")));
+        } else {
+            std::fs::create_dir(&path).map_err(|source| Error::Write {
+                path: path.clone(),
+                value: "mkdir".into(),
+                source,
+            })?;
+            guard.record_created_dir(path.clone(), Some(root.join("cgroup.procs")));
+        }
+        Ok(MemCgroup { path, version })
+    }
+
+    /// An existing group at `path`.
+    pub fn open(path: impl Into<PathBuf>) -> Result<Self> {
+        let path = path.into();
+        let version = if path.join("memory.limit_in_bytes").exists() {
+            Version::V1
+        } else if path.join("memory.max").exists() {
+            Version::V2
+        } else {
+            return Err(Error::Invalid(format!("{} is not a memory cgroup", path.display())));
+        };
+        Ok(MemCgroup { path, version })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+
+    /// Move a process (all its threads) into the group.
+    pub fn add_process(&self, pid: u32) -> Result<()> {
+        write_file(self.file("cgroup.procs"), &pid.to_string())
+    }
+
+    /// The processes in the group.
+    pub fn processes(&self) -> Result<Vec<u32>> {
+        Ok(read_file(self.file("cgroup.procs"))?.lines().filter_map(|l| l.trim().parse().ok()).collect())
+    }
+
+    /// Hard limit (v1 memory.limit_in_bytes, v2 memory.max); `None` is unlimited.
+    pub fn set_limit(&self, bytes: Option<u64>) -> Result<()> {
+        match self.version {
+            Version::V1 => write_file(
+                self.file("memory.limit_in_bytes"),
+                &bytes.map_or("-1".to_string(), |b| b.to_string()),
+            ),
+            Version::V2 => write_file(self.file("memory.max"), &bytes.map_or("max".to_string(), |b| b.to_string())),
+        }
+    }
+
+    pub fn limit(&self) -> Result<Option<u64>> {
+        match self.version {
+            Version::V1 => parse_limit(&read_trimmed(self.file("memory.limit_in_bytes"))?),
+            Version::V2 => parse_limit(&read_trimmed(self.file("memory.max"))?),
+        }
+    }
+
+    /// Throttle limit (v2 memory.high). v1 has no equivalent.
+    pub fn set_high(&self, bytes: Option<u64>) -> Result<()> {
+        match self.version {
+            Version::V1 => Err(Error::Invalid("memory.high needs cgroup v2".into())),
+            Version::V2 => write_file(self.file("memory.high"), &bytes.map_or("max".to_string(), |b| b.to_string())),
+        }
+    }
+
+    /// Current usage in bytes.
+    pub fn usage(&self) -> Result<u64> {
+        match self.version {
+            Version::V1 => read_u64(self.file("memory.usage_in_bytes")),
+            Version::V2 => read_u64(self.file("memory.current")),
+        }
+    }
+
+    /// memory.stat.
+    pub fn stat(&self) -> Result<BTreeMap<String, u64>> {
+        parse_memory_stat(&read_file(self.file("memory.stat"))?)
+    }
+
+    /// Proactive reclaim of `bytes` (v2 memory.reclaim, Linux 5.19). The reclaim runs in the
+    /// writer's context, so on the CPU of the thread calling this. EAGAIN means the kernel
+    /// could not reclaim that much.
+    pub fn reclaim(&self, bytes: u64) -> Result<()> {
+        match self.version {
+            Version::V1 => Err(Error::Invalid("memory.reclaim needs cgroup v2".into())),
+            Version::V2 => write_file(self.file("memory.reclaim"), &bytes.to_string()),
+        }
+    }
+
+    /// v1: the number of times usage hit the limit.
+    pub fn failcnt(&self) -> Result<u64> {
+        match self.version {
+            Version::V1 => read_u64(self.file("memory.failcnt")),
+            Version::V2 => Ok(parse_memory_stat(&read_file(self.file("memory.events"))?)?.get("max").copied().unwrap_or(0)),
+        }
+    }
+
+    /// A PSI trigger on this group's memory.pressure (v2 only).
+    pub fn pressure_trigger(&self, trigger: PsiTriggerSpec) -> Result<PsiTrigger> {
+        match self.version {
+            Version::V1 => Err(Error::Invalid("per-cgroup PSI needs cgroup v2".into())),
+            Version::V2 => PsiTrigger::open(self.file("memory.pressure"), trigger),
+        }
+    }
+}
+
+/// Move every task of `group` into the `cgroup.procs` file `parent_procs`.
+pub fn evacuate(group: &Path, parent_procs: &Path) -> Result<()> {
+    let procs = group.join("cgroup.procs");
+    let Ok(text) = std::fs::read_to_string(&procs) else { return Ok(()) };
+    for pid in text.lines().map(str::trim).filter(|p| !p.is_empty()) {
+        match write_file(parent_procs, pid) {
+            Ok(()) => {}
+            // ESRCH: the task exited meanwhile.
+            Err(e) if e.errno() == Some(libc::ESRCH) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// A PSI trigger: "some|full STALL_US WINDOW_US" (Documentation/accounting/psi.rst).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PsiTriggerSpec {
+    pub full: bool,
+    pub stall: Duration,
+    pub window: Duration,
+}
+
+impl PsiTriggerSpec {
+    fn text(self) -> String {
+        format!(
+            "{} {} {}",
+            if self.full { "full" } else { "some" },
+            self.stall.as_micros(),
+            self.window.as_micros()
+        )
+    }
+}
+
+/// An armed PSI trigger; [`PsiTrigger::wait`] returns when it fires.
+pub struct PsiTrigger {
+    file: File,
+}
+
+impl PsiTrigger {
+    /// Arm a trigger on a pressure file (/proc/pressure/memory or a v2 group's memory.pressure).
+    pub fn open(path: impl Into<PathBuf>, spec: PsiTriggerSpec) -> Result<Self> {
+        let path = path.into();
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|source| Error::Read { path: path.clone(), source })?;
+        let text = spec.text();
+        // The trigger text must go in one write including its NUL (psi.rst example).
+        let mut bytes = text.clone().into_bytes();
+        bytes.push(0);
+        file.write_all(&bytes).map_err(|source| Error::Write { path, value: text, source })?;
+        Ok(PsiTrigger { file })
+    }
+
+    /// The system-wide memory trigger.
+    pub fn system_memory(spec: PsiTriggerSpec) -> Result<Self> {
+        Self::open("/proc/pressure/memory", spec)
+    }
+
+    /// Wait up to `timeout` for the trigger; true when it fired.
+    pub fn wait(&self, timeout: Duration) -> Result<bool> {
+        let mut pfd = libc::pollfd { fd: self.file.as_raw_fd(), events: libc::POLLPRI, revents: 0 };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EINTR) {
+                return Ok(false);
+            }
+            return Err(Error::Syscall { call: "poll(PSI trigger)", source: err });
+        }
+        if pfd.revents & libc::POLLERR != 0 {
+            return Err(Error::Invalid("PSI trigger's pressure file went away".into()));
+        }
+        Ok(n > 0 && pfd.revents & libc::POLLPRI != 0)
+    }
+}
+
+/// PSI averages of one resource: (some avg10, full avg10) in percent.
+pub fn read_pressure(resource: &str) -> Result<(f64, f64)> {
+    let text = read_file(format!("/proc/pressure/{resource}"))?;
+    let avg10 = |prefix: &str| {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.split_whitespace().find_map(|f| f.strip_prefix("avg10=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    Ok((avg10("some"), avg10("full")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_stat_fixtures() {
+        let v1 = parse_memory_stat(include_str!("../fixtures/memory.stat-v1-6.18-firecracker.txt")).unwrap();
+        assert!(v1.contains_key("total_cache") && v1.contains_key("hierarchical_memory_limit"));
+        let v2 = parse_memory_stat(include_str!("../fixtures/memory.stat-v2-6.1.txt")).unwrap();
+        assert_eq!(v2["slab_reclaimable"], 72151040);
+        assert_eq!(v2["pgscan_direct"], 20110);
+        assert!(parse_memory_stat("garbage\n").is_err());
+    }
+
+    #[test]
+    fn limits() {
+        assert_eq!(parse_limit("max").unwrap(), None);
+        assert_eq!(parse_limit("9223372036854771712").unwrap(), None);
+        assert_eq!(parse_limit("1048576\n").unwrap(), Some(1 << 20));
+        assert!(parse_limit("lots").is_err());
+    }
+
+    #[test]
+    fn psi_trigger_text() {
+        let s = PsiTriggerSpec { full: false, stall: Duration::from_millis(150), window: Duration::from_secs(1) };
+        assert_eq!(s.text(), "some 150000 1000000");
+    }
+
+    #[test]
+    fn group_lifecycle_is_undone_by_the_guard() {
+        if v1_memory_root().is_none() && v2_memory_root().is_none() {
+            eprintln!("skipped: no memory cgroup controller");
+            return;
+        }
+        let path;
+        {
+            let guard = SettingsGuard::new_without_signal_handler();
+            let g = MemCgroup::create(&guard, &format!("unit-{}", std::process::id())).unwrap();
+            path = g.path().to_path_buf();
+            g.set_limit(Some(64 << 20)).unwrap();
+            assert_eq!(g.limit().unwrap(), Some(64 << 20));
+            let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+            g.add_process(child.id()).unwrap();
+            assert_eq!(g.processes().unwrap(), vec![child.id()]);
+            assert!(g.usage().is_ok());
+            assert!(g.stat().unwrap().len() > 5);
+            drop(guard);
+            assert!(!path.exists(), "group removed with its task moved out");
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn system_psi_trigger_arms() {
+        let spec = PsiTriggerSpec { full: false, stall: Duration::from_millis(100), window: Duration::from_secs(1) };
+        match PsiTrigger::system_memory(spec) {
+            Ok(t) => {
+                // Firing or not depends on the machine's load; waiting must not fail.
+                t.wait(Duration::from_millis(10)).unwrap();
+            }
+            Err(e) => eprintln!("skipped: PSI unavailable: {e}"),
+        }
+        assert!(read_pressure("memory").is_ok() || !Path::new("/proc/pressure").exists());
+    }
+}

@@ -1,0 +1,141 @@
+//! CPUs: the online list, affinity, and cpulist syntax (`0-3,8,10-11`).
+
+use std::collections::BTreeSet;
+
+use crate::error::{read_trimmed, Error, Result};
+
+/// Parse a kernel cpulist (`0-3,8`). Empty text is the empty set.
+pub fn parse_cpulist(text: &str) -> Result<BTreeSet<usize>> {
+    let mut set = BTreeSet::new();
+    for part in text.trim().split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let bad = || Error::Invalid(format!("bad cpulist element {part:?} in {text:?}"));
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
+                if a > b || b - a > 1 << 16 {
+                    return Err(bad());
+                }
+                set.extend(a..=b);
+            }
+            None => {
+                set.insert(part.parse().map_err(|_| bad())?);
+            }
+        }
+    }
+    Ok(set)
+}
+
+/// Format a set as a compact cpulist.
+pub fn format_cpulist(cpus: &BTreeSet<usize>) -> String {
+    let mut parts = Vec::new();
+    let mut iter = cpus.iter().copied().peekable();
+    while let Some(start) = iter.next() {
+        let mut end = start;
+        while iter.peek() == Some(&(end + 1)) {
+            end = iter.next().expect("peeked");
+        }
+        parts.push(if start == end { start.to_string() } else { format!("{start}-{end}") });
+    }
+    parts.join(",")
+}
+
+/// The online CPUs (/sys/devices/system/cpu/online).
+pub fn online_cpus() -> Result<BTreeSet<usize>> {
+    parse_cpulist(&read_trimmed("/sys/devices/system/cpu/online")?)
+}
+
+/// Pin the calling thread to `cpus`.
+pub fn set_affinity(cpus: &BTreeSet<usize>) -> Result<()> {
+    if cpus.is_empty() {
+        return Err(Error::Invalid("empty CPU set".into()));
+    }
+    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus {
+        if c >= libc::CPU_SETSIZE as usize {
+            return Err(Error::Invalid(format!("CPU {c} beyond CPU_SETSIZE")));
+        }
+        // SAFETY: c < CPU_SETSIZE checked above.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: set is a valid cpu_set_t of the size passed.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(Error::last_os("sched_setaffinity"));
+    }
+    Ok(())
+}
+
+/// Pin the calling thread to one CPU.
+pub fn pin_to(cpu: usize) -> Result<()> {
+    set_affinity(&BTreeSet::from([cpu]))
+}
+
+/// The calling thread's (or `pid`'s, when non-zero) allowed CPUs.
+pub fn affinity(pid: i32) -> Result<BTreeSet<usize>> {
+    // SAFETY: plain data.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: set is writable and sized as passed.
+    if unsafe { libc::sched_getaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return Err(Error::last_os("sched_getaffinity"));
+    }
+    // SAFETY: reading bits of an initialised set.
+    Ok((0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect())
+}
+
+/// Pin another task (thread or process) to `cpus`.
+pub fn set_affinity_of(pid: i32, cpus: &BTreeSet<usize>) -> Result<()> {
+    // SAFETY: plain data.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+        // SAFETY: bounds checked by the filter.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: valid set.
+    if unsafe { libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(Error::last_os("sched_setaffinity"));
+    }
+    Ok(())
+}
+
+/// The CPU the calling thread runs on right now.
+pub fn current_cpu() -> usize {
+    // SAFETY: no preconditions.
+    let c = unsafe { libc::sched_getcpu() };
+    c.max(0) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn parses_kernel_cpulists() {
+        assert_eq!(parse_cpulist("0-1").unwrap(), BTreeSet::from([0, 1]));
+        assert_eq!(parse_cpulist("0-3,8,10-11\n").unwrap(), BTreeSet::from([0, 1, 2, 3, 8, 10, 11]));
+        assert!(parse_cpulist("").unwrap().is_empty());
+        assert!(parse_cpulist("3-1").is_err());
+        assert!(parse_cpulist("a").is_err());
+    }
+
+    #[test]
+    fn online_cpus_and_pinning() {
+        let online = online_cpus().unwrap();
+        assert!(!online.is_empty());
+        let last = *online.iter().last().unwrap();
+        std::thread::spawn(move || {
+            pin_to(last).unwrap();
+            assert_eq!(affinity(0).unwrap(), BTreeSet::from([last]));
+            assert_eq!(current_cpu(), last);
+        })
+        .join()
+        .unwrap();
+    }
+
+    proptest! {
+        #[test]
+        fn cpulist_round_trips(cpus in proptest::collection::btree_set(0usize..512, 0..64)) {
+            prop_assert_eq!(parse_cpulist(&format_cpulist(&cpus)).unwrap(), cpus);
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! # pagewise-kernel: the one thin OS layer
+//!
+//! Every memory-related syscall Pagewise makes, and every read or write of /proc, /sys,
+//! tracefs and cgroup files, goes through this crate. Policies never call libc.
+//!
+//! Conventions shared by every module:
+//! - Errors name the syscall or the file and carry the errno taken right after the call
+//!   ([`Error`]).
+//! - Arguments are validated before the unsafe call (alignment, zero lengths, names with `/`).
+//! - Any change to a system setting goes through a [`guard::SettingsGuard`], which undoes it.
+//! - Parsers are pure functions over text, tested on fixtures from real kernels
+//!   (`fixtures/<file>-<kernel>.txt`).
+
+pub mod cgroup;
+pub mod cpu;
+pub mod error;
+pub mod guard;
+pub mod mem;
+pub mod page_idle;
+pub mod pagemap_scan;
+pub mod probe;
+pub mod procfs;
+pub mod thp;
+pub mod tracefs;
+pub mod uffd;
+
+pub use error::{Error, Result};
+pub use guard::SettingsGuard;

@@ -1,0 +1,383 @@
+//! The capability probe: what this kernel offers each Pagewise system, found without changing
+//! anything. Files that are missing mean "absent"; files that exist but cannot be used mean
+//! "unusable", with the reason. Active probes (a MADV_COLLAPSE on a private 2 MiB mapping, a
+//! userfaultfd handshake, a PAGEMAP_SCAN of one page) touch only the probe's own memory.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::error::{read_trimmed, Error};
+use crate::mem::{memfd_create, ftruncate, Advice, MapOptions, Mapping, HUGE_PMD};
+use crate::{cgroup, pagemap_scan, thp, tracefs, uffd};
+
+/// Whether a feature can be used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Present,
+    Absent,
+    /// There, but not usable by Pagewise now (busy, permission, disabled).
+    Unusable,
+}
+
+/// One probed feature.
+#[derive(Clone, Debug, Serialize)]
+pub struct Feature {
+    pub status: Status,
+    /// The value, where the feature has one (a mode, a list of sizes, a feature list).
+    #[serde(skip_serializing_if = "serde_json::Value::is_null")]
+    pub value: serde_json::Value,
+    /// Why, in words.
+    pub detail: String,
+    /// The Pagewise features that need it.
+    pub used_by: &'static [&'static str],
+}
+
+/// Every probed feature, by stable snake_case key (the JSON of `pagewise doctor --json`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Capabilities {
+    pub kernel_release: String,
+    pub root: bool,
+    pub features: Vec<(&'static str, Feature)>,
+}
+
+impl Capabilities {
+    pub fn get(&self, key: &str) -> Option<&Feature> {
+        self.features.iter().find(|(k, _)| *k == key).map(|(_, f)| f)
+    }
+
+    pub fn present(&self, key: &str) -> bool {
+        self.get(key).is_some_and(|f| f.status == Status::Present)
+    }
+
+    /// The flat JSON object: `{"kernel_release": .., "root": .., "thp_enabled": {..}, ...}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut map = serde_json::Map::new();
+        map.insert("kernel_release".into(), self.kernel_release.clone().into());
+        map.insert("root".into(), self.root.into());
+        for (k, f) in &self.features {
+            map.insert((*k).into(), serde_json::to_value(f).expect("feature serialises"));
+        }
+        serde_json::Value::Object(map)
+    }
+}
+
+fn feature(status: Status, value: serde_json::Value, detail: impl Into<String>, used_by: &'static [&'static str]) -> Feature {
+    Feature { status, value, detail: detail.into(), used_by }
+}
+
+fn from_err(e: &Error) -> Status {
+    if e.is_not_found() {
+        Status::Absent
+    } else {
+        Status::Unusable
+    }
+}
+
+const HPS: &[&str] = &["hps"];
+const HPS_PROMOTE: &[&str] = &["hps promotion", "hp_alloc"];
+const RECLAIM: &[&str] = &["reclaimd", "reclaim stat"];
+
+/// Probe everything. Never panics on a missing file; changes no setting.
+pub fn probe() -> Capabilities {
+    let mut f: Vec<(&'static str, Feature)> = Vec::new();
+    let kernel_release = read_trimmed("/proc/sys/kernel/osrelease").unwrap_or_else(|_| "unknown".into());
+    // SAFETY: no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+
+    f.push(("thp_enabled", match thp::ThpSetting::Enabled.read() {
+        Ok(s) => feature(
+            if s.active == "never" { Status::Unusable } else { Status::Present },
+            s.active.clone().into(),
+            format!("transparent_hugepage/enabled = {} (choices {})", s.active, s.choices.join(" ")),
+            &["thp baselines", "hps promotion", "hp_alloc"],
+        ),
+        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["thp baselines", "hps promotion"]),
+    }));
+    f.push(("thp_defrag", match thp::ThpSetting::Defrag.read() {
+        Ok(s) => feature(Status::Present, s.active.clone().into(), format!("defrag = {}", s.active), HPS_PROMOTE),
+        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), HPS_PROMOTE),
+    }));
+    f.push(("thp_shmem_enabled", match thp::ThpSetting::ShmemEnabled.read() {
+        Ok(s) => feature(Status::Present, s.active.clone().into(), format!("shmem_enabled = {}", s.active), HPS),
+        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), HPS),
+    }));
+    f.push(("mthp_sizes_kb", match thp::mthp_sizes() {
+        Ok(sizes) if !sizes.is_empty() => feature(
+            Status::Present,
+            sizes.iter().map(|(b, _)| b / 1024).collect::<Vec<_>>().into(),
+            sizes.iter().map(|(b, s)| format!("{}K:{}", b / 1024, s.active)).collect::<Vec<_>>().join(" "),
+            &["hp_alloc"],
+        ),
+        Ok(_) => feature(Status::Absent, serde_json::Value::Null, "no hugepages-<size> directories (Linux < 6.8)", &["hp_alloc"]),
+        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["hp_alloc"]),
+    }));
+    f.push(("hugetlb_sizes_kb", match thp::HugetlbPool::all() {
+        Ok(pools) if !pools.is_empty() => feature(
+            Status::Present,
+            pools.iter().map(|p| p.page_size / 1024).collect::<Vec<_>>().into(),
+            pools
+                .iter()
+                .map(|p| format!("{}K: {} reserved, {} free", p.page_size / 1024, p.nr_hugepages, p.free_hugepages))
+                .collect::<Vec<_>>()
+                .join("; "),
+            &["hps compaction arena", "hp_alloc"],
+        ),
+        Ok(_) => feature(Status::Absent, serde_json::Value::Null, "no hugetlb page sizes", &["hps compaction arena"]),
+        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["hps compaction arena"]),
+    }));
+    f.push(("madv_collapse", probe_collapse(false)));
+    f.push(("madv_collapse_shmem", probe_collapse(true)));
+    f.push(("process_madvise", probe_process_madvise()));
+    f.push(("userfaultfd", probe_uffd(root)));
+    f.push(("page_idle", if crate::page_idle::available() {
+        match crate::page_idle::PageIdle::open() {
+            Ok(_) => feature(Status::Present, serde_json::Value::Null, "idle page tracking bitmap readable", &["hps tracker (any process)"]),
+            Err(e) => feature(Status::Unusable, serde_json::Value::Null, e.to_string(), &["hps tracker (any process)"]),
+        }
+    } else {
+        feature(Status::Absent, serde_json::Value::Null, "no /sys/kernel/mm/page_idle (CONFIG_IDLE_PAGE_TRACKING off)", &["hps tracker (any process)"])
+    }));
+    let (vaddr, paddr) = probe_damon();
+    f.push(("damon_vaddr", vaddr));
+    f.push(("damon_paddr", paddr));
+    f.push(("pagemap_scan", probe_pagemap_scan()));
+    f.push(("soft_dirty", if Path::new("/proc/self/clear_refs").exists() {
+        feature(Status::Present, serde_json::Value::Null, "/proc/PID/clear_refs accepts 4 (soft-dirty)", &["hps tracker (writes)"])
+    } else {
+        feature(Status::Absent, serde_json::Value::Null, "no clear_refs", &["hps tracker (writes)"])
+    }));
+    f.push(("kpageflags", match std::fs::File::open("/proc/kpageflags") {
+        Ok(_) => feature(Status::Present, serde_json::Value::Null, "/proc/kpageflags readable", &["hps report"]),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => feature(Status::Absent, serde_json::Value::Null, "no /proc/kpageflags", &["hps report"]),
+        Err(e) => feature(Status::Unusable, serde_json::Value::Null, format!("/proc/kpageflags: {e}"), &["hps report"]),
+    }));
+    f.push(("cgroup_v1_memory", match cgroup::v1_memory_root() {
+        Some(p) => feature(Status::Present, p.display().to_string().into(), format!("memory controller mounted at {}", p.display()), RECLAIM),
+        None => feature(Status::Absent, serde_json::Value::Null, "no cgroup v1 hierarchy with the memory controller", RECLAIM),
+    }));
+    f.push(("cgroup_v2_memory", match (cgroup::v2_memory_root(), cgroup::v2_root()) {
+        (Some(p), _) => feature(Status::Present, p.display().to_string().into(), format!("memory controller in {}", p.display()), &["reclaimd memory.reclaim", "reclaim scopes"]),
+        (None, Some(p)) => feature(
+            Status::Absent,
+            serde_json::Value::Null,
+            format!("cgroup2 at {} has no memory controller (it is bound to the v1 hierarchy): no memory.reclaim", p.display()),
+            &["reclaimd memory.reclaim"],
+        ),
+        (None, None) => feature(Status::Absent, serde_json::Value::Null, "no cgroup2 mount", &["reclaimd memory.reclaim"]),
+    }));
+    f.push(("psi", match read_trimmed("/proc/pressure/memory") {
+        Ok(_) => feature(Status::Present, serde_json::Value::Null, "/proc/pressure/{cpu,io,memory}", &["reclaimd wake-up"]),
+        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["reclaimd wake-up"]),
+    }));
+    f.push(("tracefs_vmscan", probe_tracefs()));
+    f.push(("swap", match read_trimmed("/proc/swaps") {
+        Ok(t) => {
+            let devices = t.lines().skip(1).filter(|l| !l.trim().is_empty()).count();
+            if devices == 0 {
+                feature(Status::Absent, 0.into(), "no swap devices: anonymous memory cannot be reclaimed", &["reclaim experiments"])
+            } else {
+                feature(Status::Present, devices.into(), format!("{devices} swap device(s)"), &["reclaim experiments"])
+            }
+        }
+        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["reclaim experiments"]),
+    }));
+    f.push(("zoneinfo_watermarks", match crate::procfs::read_zoneinfo() {
+        Ok(z) => feature(Status::Present, serde_json::Value::Null, format!("{} zones with min/low/high", z.iter().filter(|z| z.is_populated()).count()), RECLAIM),
+        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), RECLAIM),
+    }));
+    f.push(("online_cpus", match crate::cpu::online_cpus() {
+        Ok(c) => feature(Status::Present, crate::cpu::format_cpulist(&c).into(), format!("{} online", c.len()), &["reclaimd per-core roles"]),
+        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["reclaimd per-core roles"]),
+    }));
+    f.push(("mlock_limit_kb", {
+        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: lim is writable.
+        unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) };
+        let v = if lim.rlim_cur == libc::RLIM_INFINITY { serde_json::Value::from("unlimited") } else { (lim.rlim_cur / 1024).into() };
+        let enough = root || lim.rlim_cur == libc::RLIM_INFINITY;
+        feature(
+            if enough { Status::Present } else { Status::Unusable },
+            v,
+            if root { "root: mlock is not limited by RLIMIT_MEMLOCK".to_string() } else { "RLIMIT_MEMLOCK limits mlockall of a protected task".to_string() },
+            &["reclaim protected task"],
+        )
+    }));
+    Capabilities { kernel_release, root, features: f }
+}
+
+fn probe_collapse(shmem: bool) -> Feature {
+    let used_by: &'static [&'static str] = if shmem { &["hps tracked arena promotion"] } else { &["hps promotion", "hp_alloc"] };
+    let mapping = if shmem {
+        memfd_create("pagewise-probe", None).and_then(|fd| {
+            ftruncate(&fd, HUGE_PMD as u64)?;
+            Mapping::of_fd(&fd, HUGE_PMD, 0, &MapOptions { shared: true, align: Some(HUGE_PMD), ..Default::default() })
+        })
+    } else {
+        Mapping::anonymous(HUGE_PMD, &MapOptions { align: Some(HUGE_PMD), ..Default::default() })
+    };
+    let m = match mapping {
+        Ok(m) => m,
+        Err(e) => return feature(Status::Unusable, serde_json::Value::Null, e.to_string(), used_by),
+    };
+    // SAFETY: the probe's own fresh mapping.
+    unsafe { crate::mem::touch_pages(m.addr(), m.len()) };
+    match m.advise(Advice::Collapse) {
+        Ok(()) => {
+            let what = if shmem { "memfd" } else { "anonymous" };
+            feature(Status::Present, true.into(), format!("collapsed a 2 MiB {what} region synchronously"), used_by)
+        }
+        Err(e) if e.errno() == Some(libc::EINVAL) => {
+            feature(Status::Absent, false.into(), format!("{e} (needs Linux 6.1{})", if shmem { " and shmem THP" } else { "" }), used_by)
+        }
+        Err(e) => feature(Status::Unusable, false.into(), format!("{e} (no free hugepage? memory fragmented?)"), used_by),
+    }
+}
+
+fn probe_process_madvise() -> Feature {
+    let used_by: &'static [&'static str] = &["pagewise hps run (unmodified programs)", "reclaim of other processes"];
+    let pidfd = match crate::mem::pidfd_open(std::process::id() as i32) {
+        Ok(p) => p,
+        Err(e) => return feature(from_err(&e), serde_json::Value::Null, e.to_string(), used_by),
+    };
+    let m = match Mapping::anonymous(4096, &MapOptions::default()) {
+        Ok(m) => m,
+        Err(e) => return feature(Status::Unusable, serde_json::Value::Null, e.to_string(), used_by),
+    };
+    match crate::mem::process_madvise(&pidfd, &[(m.addr(), 4096)], Advice::Cold) {
+        Ok(_) => feature(Status::Present, serde_json::Value::Null, "MADV_COLD/PAGEOUT/COLLAPSE on other processes via pidfd", used_by),
+        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), used_by),
+    }
+}
+
+fn probe_uffd(root: bool) -> Feature {
+    let used_by: &'static [&'static str] = &["dlm fault handling", "hps tracked arena"];
+    match uffd::api_info() {
+        Ok(info) => {
+            let sysctl = read_trimmed("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
+            feature(
+                Status::Present,
+                info.feature_names.clone().into(),
+                format!(
+                    "API handshake ok, {} features{}",
+                    info.feature_names.len(),
+                    if root || sysctl == "1" { String::new() } else { "; non-root processes get the SIGSEGV fallback unless /dev/userfaultfd is accessible".into() }
+                ),
+                used_by,
+            )
+        }
+        Err(e) => feature(from_err(&e), serde_json::Value::Null, format!("{e}; DLM falls back to PROT_NONE + SIGSEGV"), used_by),
+    }
+}
+
+/// DAMON through sysfs (/sys/kernel/mm/damon/admin): which operation sets exist and whether a
+/// kdamond is already running. A running kdamond belongs to someone else: reported busy, never
+/// written to.
+fn probe_damon() -> (Feature, Feature) {
+    let used_by: &'static [&'static str] = &["hps tracker (region sampling)"];
+    let admin = Path::new("/sys/kernel/mm/damon/admin/kdamonds");
+    if !admin.exists() {
+        let f = feature(Status::Absent, serde_json::Value::Null, "no DAMON sysfs interface", used_by);
+        return (f.clone(), f);
+    }
+    let nr: usize = read_trimmed(admin.join("nr_kdamonds")).ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let mut ops: Vec<String> = Vec::new();
+    let mut busy = Vec::new();
+    for i in 0..nr {
+        let k = admin.join(i.to_string());
+        if read_trimmed(k.join("state")).is_ok_and(|s| s == "on") {
+            busy.push(i);
+        }
+        if let Ok(avail) = read_trimmed(k.join("contexts/0/avail_operations")) {
+            ops.extend(avail.split_whitespace().map(String::from));
+        }
+    }
+    ops.sort();
+    ops.dedup();
+    let busy_text = if busy.is_empty() {
+        "no kdamond running".to_string()
+    } else {
+        format!("kdamond {} running (busy: belongs to the machine, left alone)", busy.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(","))
+    };
+    let ops_known = !ops.is_empty();
+    let one = |name: &str| {
+        if ops_known && !ops.iter().any(|o| o == name) {
+            feature(Status::Absent, serde_json::Value::Null, format!("operation set {name} not offered (avail: {})", ops.join(" ")), used_by)
+        } else if !busy.is_empty() || !ops_known {
+            let detail = if ops_known { format!("{name} offered; {busy_text}") } else { format!("no context to read avail_operations from; {busy_text}") };
+            feature(Status::Unusable, serde_json::Value::Null, detail, used_by)
+        } else {
+            feature(Status::Present, serde_json::Value::Null, format!("{name} offered; {busy_text}"), used_by)
+        }
+    };
+    (one("vaddr"), one("paddr"))
+}
+
+fn probe_pagemap_scan() -> Feature {
+    let used_by: &'static [&'static str] = &["dlm dirty tracking (WP_ASYNC)", "hps tracker (writes)"];
+    let scanner = match pagemap_scan::PagemapScanner::open(crate::procfs::Pid::SelfProcess) {
+        Ok(s) => s,
+        Err(e) => return feature(from_err(&e), serde_json::Value::Null, e.to_string(), used_by),
+    };
+    let m = match Mapping::anonymous(4096, &MapOptions::default()) {
+        Ok(m) => m,
+        Err(e) => return feature(Status::Unusable, serde_json::Value::Null, e.to_string(), used_by),
+    };
+    let q = pagemap_scan::ScanQuery { required: pagemap_scan::category::PRESENT, ..Default::default() };
+    let mut out = Vec::with_capacity(4);
+    match scanner.scan(m.addr(), m.addr() + 4096, &q, &mut out) {
+        Ok(_) => feature(Status::Present, serde_json::Value::Null, "ioctl(PAGEMAP_SCAN) works (Linux 6.7)", used_by),
+        Err(e) if matches!(e.errno(), Some(libc::ENOTTY) | Some(libc::EINVAL)) => {
+            feature(Status::Absent, serde_json::Value::Null, format!("{e} (needs Linux 6.7)"), used_by)
+        }
+        Err(e) => feature(Status::Unusable, serde_json::Value::Null, e.to_string(), used_by),
+    }
+}
+
+fn probe_tracefs() -> Feature {
+    let events = [
+        "mm_vmscan_direct_reclaim_begin",
+        "mm_vmscan_direct_reclaim_end",
+        "mm_vmscan_memcg_reclaim_begin",
+        "mm_vmscan_memcg_reclaim_end",
+        "mm_vmscan_wakeup_kswapd",
+        "mm_vmscan_kswapd_wake",
+        "mm_shrink_slab_start",
+        "mm_shrink_slab_end",
+    ];
+    if let Some(root) = tracefs::mounted() {
+        let have: Vec<&str> = events.iter().copied().filter(|e| tracefs::event_exists(&root, "vmscan", e)).collect();
+        let status = if have.len() == events.len() { Status::Present } else if have.is_empty() { Status::Absent } else { Status::Unusable };
+        return feature(status, have.clone().into(), format!("tracefs at {}, {}/{} vmscan events", root.display(), have.len(), events.len()), RECLAIM);
+    }
+    if !tracefs::supported() {
+        return feature(Status::Absent, serde_json::Value::Null, "kernel has no tracefs", RECLAIM);
+    }
+    // Not mounted, and the doctor does not mount: look for the tracepoints in kallsyms.
+    let have: Vec<&str> = std::fs::read_to_string("/proc/kallsyms")
+        .map(|syms| events.iter().copied().filter(|e| syms.contains(&format!("__tracepoint_{e}\n"))).collect())
+        .unwrap_or_default();
+    if have.is_empty() {
+        return feature(Status::Unusable, serde_json::Value::Null, "tracefs not mounted and tracepoints not visible in /proc/kallsyms", RECLAIM);
+    }
+    let status = if have.len() == events.len() { Status::Present } else { Status::Unusable };
+    feature(status, have.clone().into(), format!("tracefs not mounted (Pagewise mounts it when needed); {}/{} vmscan tracepoints in kallsyms", have.len(), events.len()), RECLAIM)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_never_panics_and_keys_are_stable() {
+        let caps = probe();
+        let json = caps.to_json();
+        for key in [
+            "thp_enabled", "madv_collapse", "userfaultfd", "page_idle", "damon_vaddr", "pagemap_scan",
+            "cgroup_v1_memory", "cgroup_v2_memory", "psi", "tracefs_vmscan", "hugetlb_sizes_kb", "swap",
+        ] {
+            assert!(json.get(key).and_then(|f| f.get("status")).is_some(), "missing {key}");
+        }
+    }
+}
