@@ -11,7 +11,8 @@ pub fn parse_cpulist(text: &str) -> Result<BTreeSet<usize>> {
         let bad = || Error::Invalid(format!("bad cpulist element {part:?} in {text:?}"));
         match part.split_once('-') {
             Some((a, b)) => {
-                let (a, b): (usize, usize) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
+                let (a, b): (usize, usize) =
+                    (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
                 if a > b || b - a > 1 << 16 {
                     return Err(bad());
                 }

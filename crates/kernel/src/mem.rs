@@ -333,9 +333,8 @@ impl Mapping {
             return Err(Error::Invalid(format!("new length {new_len} is not a positive page multiple")));
         }
         // SAFETY: we own the mapping; MAYMOVE lets the kernel pick a new place and we update ptr.
-        let p = unsafe {
-            libc::mremap(self.ptr.as_ptr() as *mut libc::c_void, self.len, new_len, libc::MREMAP_MAYMOVE)
-        };
+        let p =
+            unsafe { libc::mremap(self.ptr.as_ptr() as *mut libc::c_void, self.len, new_len, libc::MREMAP_MAYMOVE) };
         if p == libc::MAP_FAILED {
             return Err(Error::last_os("mremap"));
         }

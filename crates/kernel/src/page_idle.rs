@@ -32,15 +32,19 @@ impl PageIdle {
 
     /// Mark the 64 PFNs of word `pfn / 64` selected by `mask` idle.
     pub fn mark_idle(&self, pfn: u64, mask: u64) -> Result<()> {
-        self.file
-            .write_all_at(&mask.to_ne_bytes(), pfn / 64 * 8)
-            .map_err(|source| Error::Write { path: BITMAP.into(), value: format!("{mask:#x}"), source })
+        self.file.write_all_at(&mask.to_ne_bytes(), pfn / 64 * 8).map_err(|source| Error::Write {
+            path: BITMAP.into(),
+            value: format!("{mask:#x}"),
+            source,
+        })
     }
 
     /// The idle bits of the word holding `pfn`.
     pub fn read_word(&self, pfn: u64) -> Result<u64> {
         let mut buf = [0u8; 8];
-        self.file.read_exact_at(&mut buf, pfn / 64 * 8).map_err(|source| Error::Read { path: BITMAP.into(), source })?;
+        self.file
+            .read_exact_at(&mut buf, pfn / 64 * 8)
+            .map_err(|source| Error::Read { path: BITMAP.into(), source })?;
         Ok(u64::from_ne_bytes(buf))
     }
 }

@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::error::{read_trimmed, Error};
-use crate::mem::{memfd_create, ftruncate, Advice, MapOptions, Mapping, HUGE_PMD};
+use crate::mem::{ftruncate, memfd_create, Advice, MapOptions, Mapping, HUGE_PMD};
 use crate::{cgroup, pagemap_scan, thp, tracefs, uffd};
 
 /// Whether a feature can be used.
@@ -63,7 +63,12 @@ impl Capabilities {
     }
 }
 
-fn feature(status: Status, value: serde_json::Value, detail: impl Into<String>, used_by: &'static [&'static str]) -> Feature {
+fn feature(
+    status: Status,
+    value: serde_json::Value,
+    detail: impl Into<String>,
+    used_by: &'static [&'static str],
+) -> Feature {
     Feature { status, value, detail: detail.into(), used_by }
 }
 
@@ -86,121 +91,254 @@ pub fn probe() -> Capabilities {
     // SAFETY: no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
 
-    f.push(("thp_enabled", match thp::ThpSetting::Enabled.read() {
-        Ok(s) => feature(
-            if s.active == "never" { Status::Unusable } else { Status::Present },
-            s.active.clone().into(),
-            format!("transparent_hugepage/enabled = {} (choices {})", s.active, s.choices.join(" ")),
-            &["thp baselines", "hps promotion", "hp_alloc"],
-        ),
-        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["thp baselines", "hps promotion"]),
-    }));
-    f.push(("thp_defrag", match thp::ThpSetting::Defrag.read() {
-        Ok(s) => feature(Status::Present, s.active.clone().into(), format!("defrag = {}", s.active), HPS_PROMOTE),
-        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), HPS_PROMOTE),
-    }));
-    f.push(("thp_shmem_enabled", match thp::ThpSetting::ShmemEnabled.read() {
-        Ok(s) => feature(Status::Present, s.active.clone().into(), format!("shmem_enabled = {}", s.active), HPS),
-        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), HPS),
-    }));
-    f.push(("mthp_sizes_kb", match thp::mthp_sizes() {
-        Ok(sizes) if !sizes.is_empty() => feature(
-            Status::Present,
-            sizes.iter().map(|(b, _)| b / 1024).collect::<Vec<_>>().into(),
-            sizes.iter().map(|(b, s)| format!("{}K:{}", b / 1024, s.active)).collect::<Vec<_>>().join(" "),
-            &["hp_alloc"],
-        ),
-        Ok(_) => feature(Status::Absent, serde_json::Value::Null, "no hugepages-<size> directories (Linux < 6.8)", &["hp_alloc"]),
-        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["hp_alloc"]),
-    }));
-    f.push(("hugetlb_sizes_kb", match thp::HugetlbPool::all() {
-        Ok(pools) if !pools.is_empty() => feature(
-            Status::Present,
-            pools.iter().map(|p| p.page_size / 1024).collect::<Vec<_>>().into(),
-            pools
-                .iter()
-                .map(|p| format!("{}K: {} reserved, {} free", p.page_size / 1024, p.nr_hugepages, p.free_hugepages))
-                .collect::<Vec<_>>()
-                .join("; "),
-            &["hps compaction arena", "hp_alloc"],
-        ),
-        Ok(_) => feature(Status::Absent, serde_json::Value::Null, "no hugetlb page sizes", &["hps compaction arena"]),
-        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["hps compaction arena"]),
-    }));
+    f.push((
+        "thp_enabled",
+        match thp::ThpSetting::Enabled.read() {
+            Ok(s) => feature(
+                if s.active == "never" { Status::Unusable } else { Status::Present },
+                s.active.clone().into(),
+                format!("transparent_hugepage/enabled = {} (choices {})", s.active, s.choices.join(" ")),
+                &["thp baselines", "hps promotion", "hp_alloc"],
+            ),
+            Err(e) => {
+                feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["thp baselines", "hps promotion"])
+            }
+        },
+    ));
+    f.push((
+        "thp_defrag",
+        match thp::ThpSetting::Defrag.read() {
+            Ok(s) => feature(Status::Present, s.active.clone().into(), format!("defrag = {}", s.active), HPS_PROMOTE),
+            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), HPS_PROMOTE),
+        },
+    ));
+    f.push((
+        "thp_shmem_enabled",
+        match thp::ThpSetting::ShmemEnabled.read() {
+            Ok(s) => feature(Status::Present, s.active.clone().into(), format!("shmem_enabled = {}", s.active), HPS),
+            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), HPS),
+        },
+    ));
+    f.push((
+        "mthp_sizes_kb",
+        match thp::mthp_sizes() {
+            Ok(sizes) if !sizes.is_empty() => feature(
+                Status::Present,
+                sizes.iter().filter(|s| s.anon.is_some()).map(|s| s.bytes / 1024).collect::<Vec<_>>().into(),
+                sizes
+                    .iter()
+                    .map(|s| {
+                        let anon = s.anon.as_ref().map_or("-".to_string(), |a| a.active.clone());
+                        let shmem = s.shmem.as_ref().map_or("-".to_string(), |a| a.active.clone());
+                        format!("{}K anon:{anon} shmem:{shmem}", s.bytes / 1024)
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                &["hp_alloc"],
+            ),
+            Ok(_) => feature(
+                Status::Absent,
+                serde_json::Value::Null,
+                "no hugepages-<size> directories (Linux < 6.8)",
+                &["hp_alloc"],
+            ),
+            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["hp_alloc"]),
+        },
+    ));
+    f.push((
+        "hugetlb_sizes_kb",
+        match thp::HugetlbPool::all() {
+            Ok(pools) if !pools.is_empty() => feature(
+                Status::Present,
+                pools.iter().map(|p| p.page_size / 1024).collect::<Vec<_>>().into(),
+                pools
+                    .iter()
+                    .map(|p| format!("{}K: {} reserved, {} free", p.page_size / 1024, p.nr_hugepages, p.free_hugepages))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                &["hps compaction arena", "hp_alloc"],
+            ),
+            Ok(_) => {
+                feature(Status::Absent, serde_json::Value::Null, "no hugetlb page sizes", &["hps compaction arena"])
+            }
+            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["hps compaction arena"]),
+        },
+    ));
     f.push(("madv_collapse", probe_collapse(false)));
     f.push(("madv_collapse_shmem", probe_collapse(true)));
     f.push(("process_madvise", probe_process_madvise()));
     f.push(("userfaultfd", probe_uffd(root)));
-    f.push(("page_idle", if crate::page_idle::available() {
-        match crate::page_idle::PageIdle::open() {
-            Ok(_) => feature(Status::Present, serde_json::Value::Null, "idle page tracking bitmap readable", &["hps tracker (any process)"]),
-            Err(e) => feature(Status::Unusable, serde_json::Value::Null, e.to_string(), &["hps tracker (any process)"]),
-        }
-    } else {
-        feature(Status::Absent, serde_json::Value::Null, "no /sys/kernel/mm/page_idle (CONFIG_IDLE_PAGE_TRACKING off)", &["hps tracker (any process)"])
-    }));
+    f.push((
+        "page_idle",
+        if crate::page_idle::available() {
+            match crate::page_idle::PageIdle::open() {
+                Ok(_) => feature(
+                    Status::Present,
+                    serde_json::Value::Null,
+                    "idle page tracking bitmap readable",
+                    &["hps tracker (any process)"],
+                ),
+                Err(e) => {
+                    feature(Status::Unusable, serde_json::Value::Null, e.to_string(), &["hps tracker (any process)"])
+                }
+            }
+        } else {
+            feature(
+                Status::Absent,
+                serde_json::Value::Null,
+                "no /sys/kernel/mm/page_idle (CONFIG_IDLE_PAGE_TRACKING off)",
+                &["hps tracker (any process)"],
+            )
+        },
+    ));
     let (vaddr, paddr) = probe_damon();
     f.push(("damon_vaddr", vaddr));
     f.push(("damon_paddr", paddr));
     f.push(("pagemap_scan", probe_pagemap_scan()));
-    f.push(("soft_dirty", if Path::new("/proc/self/clear_refs").exists() {
-        feature(Status::Present, serde_json::Value::Null, "/proc/PID/clear_refs accepts 4 (soft-dirty)", &["hps tracker (writes)"])
-    } else {
-        feature(Status::Absent, serde_json::Value::Null, "no clear_refs", &["hps tracker (writes)"])
-    }));
-    f.push(("kpageflags", match std::fs::File::open("/proc/kpageflags") {
-        Ok(_) => feature(Status::Present, serde_json::Value::Null, "/proc/kpageflags readable", &["hps report"]),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => feature(Status::Absent, serde_json::Value::Null, "no /proc/kpageflags", &["hps report"]),
-        Err(e) => feature(Status::Unusable, serde_json::Value::Null, format!("/proc/kpageflags: {e}"), &["hps report"]),
-    }));
-    f.push(("cgroup_v1_memory", match cgroup::v1_memory_root() {
-        Some(p) => feature(Status::Present, p.display().to_string().into(), format!("memory controller mounted at {}", p.display()), RECLAIM),
-        None => feature(Status::Absent, serde_json::Value::Null, "no cgroup v1 hierarchy with the memory controller", RECLAIM),
-    }));
-    f.push(("cgroup_v2_memory", match (cgroup::v2_memory_root(), cgroup::v2_root()) {
-        (Some(p), _) => feature(Status::Present, p.display().to_string().into(), format!("memory controller in {}", p.display()), &["reclaimd memory.reclaim", "reclaim scopes"]),
-        (None, Some(p)) => feature(
-            Status::Absent,
-            serde_json::Value::Null,
-            format!("cgroup2 at {} has no memory controller (it is bound to the v1 hierarchy): no memory.reclaim", p.display()),
-            &["reclaimd memory.reclaim"],
-        ),
-        (None, None) => feature(Status::Absent, serde_json::Value::Null, "no cgroup2 mount", &["reclaimd memory.reclaim"]),
-    }));
-    f.push(("psi", match read_trimmed("/proc/pressure/memory") {
-        Ok(_) => feature(Status::Present, serde_json::Value::Null, "/proc/pressure/{cpu,io,memory}", &["reclaimd wake-up"]),
-        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["reclaimd wake-up"]),
-    }));
-    f.push(("tracefs_vmscan", probe_tracefs()));
-    f.push(("swap", match read_trimmed("/proc/swaps") {
-        Ok(t) => {
-            let devices = t.lines().skip(1).filter(|l| !l.trim().is_empty()).count();
-            if devices == 0 {
-                feature(Status::Absent, 0.into(), "no swap devices: anonymous memory cannot be reclaimed", &["reclaim experiments"])
-            } else {
-                feature(Status::Present, devices.into(), format!("{devices} swap device(s)"), &["reclaim experiments"])
+    f.push((
+        "soft_dirty",
+        if Path::new("/proc/self/clear_refs").exists() {
+            feature(
+                Status::Present,
+                serde_json::Value::Null,
+                "/proc/PID/clear_refs accepts 4 (soft-dirty)",
+                &["hps tracker (writes)"],
+            )
+        } else {
+            feature(Status::Absent, serde_json::Value::Null, "no clear_refs", &["hps tracker (writes)"])
+        },
+    ));
+    f.push((
+        "kpageflags",
+        match std::fs::File::open("/proc/kpageflags") {
+            Ok(_) => feature(Status::Present, serde_json::Value::Null, "/proc/kpageflags readable", &["hps report"]),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                feature(Status::Absent, serde_json::Value::Null, "no /proc/kpageflags", &["hps report"])
             }
-        }
-        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["reclaim experiments"]),
-    }));
-    f.push(("zoneinfo_watermarks", match crate::procfs::read_zoneinfo() {
-        Ok(z) => feature(Status::Present, serde_json::Value::Null, format!("{} zones with min/low/high", z.iter().filter(|z| z.is_populated()).count()), RECLAIM),
-        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), RECLAIM),
-    }));
-    f.push(("online_cpus", match crate::cpu::online_cpus() {
-        Ok(c) => feature(Status::Present, crate::cpu::format_cpulist(&c).into(), format!("{} online", c.len()), &["reclaimd per-core roles"]),
-        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["reclaimd per-core roles"]),
-    }));
+            Err(e) => {
+                feature(Status::Unusable, serde_json::Value::Null, format!("/proc/kpageflags: {e}"), &["hps report"])
+            }
+        },
+    ));
+    f.push((
+        "cgroup_v1_memory",
+        match cgroup::v1_memory_root() {
+            Some(p) => feature(
+                Status::Present,
+                p.display().to_string().into(),
+                format!("memory controller mounted at {}", p.display()),
+                RECLAIM,
+            ),
+            None => feature(
+                Status::Absent,
+                serde_json::Value::Null,
+                "no cgroup v1 hierarchy with the memory controller",
+                RECLAIM,
+            ),
+        },
+    ));
+    f.push((
+        "cgroup_v2_memory",
+        match (cgroup::v2_memory_root(), cgroup::v2_root()) {
+            (Some(p), _) => feature(
+                Status::Present,
+                p.display().to_string().into(),
+                format!("memory controller in {}", p.display()),
+                &["reclaimd memory.reclaim", "reclaim scopes"],
+            ),
+            (None, Some(p)) => feature(
+                Status::Absent,
+                serde_json::Value::Null,
+                format!(
+                    "cgroup2 at {} has no memory controller (it is bound to the v1 hierarchy): no memory.reclaim",
+                    p.display()
+                ),
+                &["reclaimd memory.reclaim"],
+            ),
+            (None, None) => {
+                feature(Status::Absent, serde_json::Value::Null, "no cgroup2 mount", &["reclaimd memory.reclaim"])
+            }
+        },
+    ));
+    f.push((
+        "psi",
+        match read_trimmed("/proc/pressure/memory") {
+            Ok(_) => feature(
+                Status::Present,
+                serde_json::Value::Null,
+                "/proc/pressure/{cpu,io,memory}",
+                &["reclaimd wake-up"],
+            ),
+            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["reclaimd wake-up"]),
+        },
+    ));
+    f.push(("tracefs_vmscan", probe_tracefs()));
+    f.push((
+        "swap",
+        match read_trimmed("/proc/swaps") {
+            Ok(t) => {
+                let devices = t.lines().skip(1).filter(|l| !l.trim().is_empty()).count();
+                if devices == 0 {
+                    feature(
+                        Status::Absent,
+                        0.into(),
+                        "no swap devices: anonymous memory cannot be reclaimed",
+                        &["reclaim experiments"],
+                    )
+                } else {
+                    feature(
+                        Status::Present,
+                        devices.into(),
+                        format!("{devices} swap device(s)"),
+                        &["reclaim experiments"],
+                    )
+                }
+            }
+            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["reclaim experiments"]),
+        },
+    ));
+    f.push((
+        "zoneinfo_watermarks",
+        match crate::procfs::read_zoneinfo() {
+            Ok(z) => feature(
+                Status::Present,
+                serde_json::Value::Null,
+                format!("{} zones with min/low/high", z.iter().filter(|z| z.is_populated()).count()),
+                RECLAIM,
+            ),
+            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), RECLAIM),
+        },
+    ));
+    f.push((
+        "online_cpus",
+        match crate::cpu::online_cpus() {
+            Ok(c) => feature(
+                Status::Present,
+                crate::cpu::format_cpulist(&c).into(),
+                format!("{} online", c.len()),
+                &["reclaimd per-core roles"],
+            ),
+            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["reclaimd per-core roles"]),
+        },
+    ));
     f.push(("mlock_limit_kb", {
         let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         // SAFETY: lim is writable.
         unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) };
-        let v = if lim.rlim_cur == libc::RLIM_INFINITY { serde_json::Value::from("unlimited") } else { (lim.rlim_cur / 1024).into() };
+        let v = if lim.rlim_cur == libc::RLIM_INFINITY {
+            serde_json::Value::from("unlimited")
+        } else {
+            (lim.rlim_cur / 1024).into()
+        };
         let enough = root || lim.rlim_cur == libc::RLIM_INFINITY;
         feature(
             if enough { Status::Present } else { Status::Unusable },
             v,
-            if root { "root: mlock is not limited by RLIMIT_MEMLOCK".to_string() } else { "RLIMIT_MEMLOCK limits mlockall of a protected task".to_string() },
+            if root {
+                "root: mlock is not limited by RLIMIT_MEMLOCK".to_string()
+            } else {
+                "RLIMIT_MEMLOCK limits mlockall of a protected task".to_string()
+            },
             &["reclaim protected task"],
         )
     }));
@@ -208,7 +346,8 @@ pub fn probe() -> Capabilities {
 }
 
 fn probe_collapse(shmem: bool) -> Feature {
-    let used_by: &'static [&'static str] = if shmem { &["hps tracked arena promotion"] } else { &["hps promotion", "hp_alloc"] };
+    let used_by: &'static [&'static str] =
+        if shmem { &["hps tracked arena promotion"] } else { &["hps promotion", "hp_alloc"] };
     let mapping = if shmem {
         memfd_create("pagewise-probe", None).and_then(|fd| {
             ftruncate(&fd, HUGE_PMD as u64)?;
@@ -228,10 +367,15 @@ fn probe_collapse(shmem: bool) -> Feature {
             let what = if shmem { "memfd" } else { "anonymous" };
             feature(Status::Present, true.into(), format!("collapsed a 2 MiB {what} region synchronously"), used_by)
         }
-        Err(e) if e.errno() == Some(libc::EINVAL) => {
-            feature(Status::Absent, false.into(), format!("{e} (needs Linux 6.1{})", if shmem { " and shmem THP" } else { "" }), used_by)
+        Err(e) if e.errno() == Some(libc::EINVAL) => feature(
+            Status::Absent,
+            false.into(),
+            format!("{e} (needs Linux 6.1{})", if shmem { " and shmem THP" } else { "" }),
+            used_by,
+        ),
+        Err(e) => {
+            feature(Status::Unusable, false.into(), format!("{e} (no free hugepage? memory fragmented?)"), used_by)
         }
-        Err(e) => feature(Status::Unusable, false.into(), format!("{e} (no free hugepage? memory fragmented?)"), used_by),
     }
 }
 
@@ -246,7 +390,12 @@ fn probe_process_madvise() -> Feature {
         Err(e) => return feature(Status::Unusable, serde_json::Value::Null, e.to_string(), used_by),
     };
     match crate::mem::process_madvise(&pidfd, &[(m.addr(), 4096)], Advice::Cold) {
-        Ok(_) => feature(Status::Present, serde_json::Value::Null, "MADV_COLD/PAGEOUT/COLLAPSE on other processes via pidfd", used_by),
+        Ok(_) => feature(
+            Status::Present,
+            serde_json::Value::Null,
+            "MADV_COLD/PAGEOUT/COLLAPSE on other processes via pidfd",
+            used_by,
+        ),
         Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), used_by),
     }
 }
@@ -262,12 +411,21 @@ fn probe_uffd(root: bool) -> Feature {
                 format!(
                     "API handshake ok, {} features{}",
                     info.feature_names.len(),
-                    if root || sysctl == "1" { String::new() } else { "; non-root processes get the SIGSEGV fallback unless /dev/userfaultfd is accessible".into() }
+                    if root || sysctl == "1" {
+                        String::new()
+                    } else {
+                        "; non-root processes get the SIGSEGV fallback unless /dev/userfaultfd is accessible".into()
+                    }
                 ),
                 used_by,
             )
         }
-        Err(e) => feature(from_err(&e), serde_json::Value::Null, format!("{e}; DLM falls back to PROT_NONE + SIGSEGV"), used_by),
+        Err(e) => feature(
+            from_err(&e),
+            serde_json::Value::Null,
+            format!("{e}; DLM falls back to PROT_NONE + SIGSEGV"),
+            used_by,
+        ),
     }
 }
 
@@ -298,14 +456,26 @@ fn probe_damon() -> (Feature, Feature) {
     let busy_text = if busy.is_empty() {
         "no kdamond running".to_string()
     } else {
-        format!("kdamond {} running (busy: belongs to the machine, left alone)", busy.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(","))
+        format!(
+            "kdamond {} running (busy: belongs to the machine, left alone)",
+            busy.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(",")
+        )
     };
     let ops_known = !ops.is_empty();
     let one = |name: &str| {
         if ops_known && !ops.iter().any(|o| o == name) {
-            feature(Status::Absent, serde_json::Value::Null, format!("operation set {name} not offered (avail: {})", ops.join(" ")), used_by)
+            feature(
+                Status::Absent,
+                serde_json::Value::Null,
+                format!("operation set {name} not offered (avail: {})", ops.join(" ")),
+                used_by,
+            )
         } else if !busy.is_empty() || !ops_known {
-            let detail = if ops_known { format!("{name} offered; {busy_text}") } else { format!("no context to read avail_operations from; {busy_text}") };
+            let detail = if ops_known {
+                format!("{name} offered; {busy_text}")
+            } else {
+                format!("no context to read avail_operations from; {busy_text}")
+            };
             feature(Status::Unusable, serde_json::Value::Null, detail, used_by)
         } else {
             feature(Status::Present, serde_json::Value::Null, format!("{name} offered; {busy_text}"), used_by)
@@ -348,21 +518,54 @@ fn probe_tracefs() -> Feature {
     ];
     if let Some(root) = tracefs::mounted() {
         let have: Vec<&str> = events.iter().copied().filter(|e| tracefs::event_exists(&root, "vmscan", e)).collect();
-        let status = if have.len() == events.len() { Status::Present } else if have.is_empty() { Status::Absent } else { Status::Unusable };
-        return feature(status, have.clone().into(), format!("tracefs at {}, {}/{} vmscan events", root.display(), have.len(), events.len()), RECLAIM);
+        let status = if have.len() == events.len() {
+            Status::Present
+        } else if have.is_empty() {
+            Status::Absent
+        } else {
+            Status::Unusable
+        };
+        return feature(
+            status,
+            have.clone().into(),
+            format!("tracefs at {}, {}/{} vmscan events", root.display(), have.len(), events.len()),
+            RECLAIM,
+        );
     }
     if !tracefs::supported() {
         return feature(Status::Absent, serde_json::Value::Null, "kernel has no tracefs", RECLAIM);
     }
     // Not mounted, and the doctor does not mount: look for the tracepoints in kallsyms.
     let have: Vec<&str> = std::fs::read_to_string("/proc/kallsyms")
-        .map(|syms| events.iter().copied().filter(|e| syms.contains(&format!("__tracepoint_{e}\n"))).collect())
+        .map(|syms| {
+            events
+                .iter()
+                .copied()
+                .filter(|e| {
+                    syms.contains(&format!("__traceiter_{e}\n")) || syms.contains(&format!("__tracepoint_{e}\n"))
+                })
+                .collect()
+        })
         .unwrap_or_default();
     if have.is_empty() {
-        return feature(Status::Unusable, serde_json::Value::Null, "tracefs not mounted and tracepoints not visible in /proc/kallsyms", RECLAIM);
+        return feature(
+            Status::Unusable,
+            serde_json::Value::Null,
+            "tracefs not mounted and tracepoints not visible in /proc/kallsyms",
+            RECLAIM,
+        );
     }
     let status = if have.len() == events.len() { Status::Present } else { Status::Unusable };
-    feature(status, have.clone().into(), format!("tracefs not mounted (Pagewise mounts it when needed); {}/{} vmscan tracepoints in kallsyms", have.len(), events.len()), RECLAIM)
+    feature(
+        status,
+        have.clone().into(),
+        format!(
+            "tracefs not mounted (Pagewise mounts it when needed); {}/{} vmscan tracepoints in kallsyms",
+            have.len(),
+            events.len()
+        ),
+        RECLAIM,
+    )
 }
 
 #[cfg(test)]
@@ -374,8 +577,18 @@ mod tests {
         let caps = probe();
         let json = caps.to_json();
         for key in [
-            "thp_enabled", "madv_collapse", "userfaultfd", "page_idle", "damon_vaddr", "pagemap_scan",
-            "cgroup_v1_memory", "cgroup_v2_memory", "psi", "tracefs_vmscan", "hugetlb_sizes_kb", "swap",
+            "thp_enabled",
+            "madv_collapse",
+            "userfaultfd",
+            "page_idle",
+            "damon_vaddr",
+            "pagemap_scan",
+            "cgroup_v1_memory",
+            "cgroup_v2_memory",
+            "psi",
+            "tracefs_vmscan",
+            "hugetlb_sizes_kb",
+            "swap",
         ] {
             assert!(json.get(key).and_then(|f| f.get("status")).is_some(), "missing {key}");
         }

@@ -72,20 +72,37 @@ impl ThpSetting {
     }
 }
 
-/// The multi-size THP sizes this kernel offers (bytes), from `hugepages-<N>kB` directories,
-/// with each size's `enabled` selector. Since Linux 6.8.
-pub fn mthp_sizes() -> Result<Vec<(u64, Selector)>> {
+/// One multi-size THP size.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MthpSize {
+    pub bytes: u64,
+    /// The anonymous-memory setting; `None` for sizes only shmem supports (e.g. 8 KiB).
+    pub anon: Option<Selector>,
+    /// The shmem setting (since Linux 6.11).
+    pub shmem: Option<Selector>,
+}
+
+/// The multi-size THP sizes this kernel offers, from `hugepages-<N>kB` directories.
+/// Since Linux 6.8.
+pub fn mthp_sizes() -> Result<Vec<MthpSize>> {
     let dir = Path::new(THP_DIR);
     let entries = std::fs::read_dir(dir).map_err(|source| Error::Read { path: dir.into(), source })?;
     let mut sizes = Vec::new();
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().to_string();
         if let Some(kb) = parse_size_dir(&name) {
-            let enabled = read_selector(&entry.path().join("enabled"))?;
-            sizes.push((kb * 1024, enabled));
+            let optional = |file: &str| {
+                let path = entry.path().join(file);
+                if path.exists() {
+                    read_selector(&path).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            sizes.push(MthpSize { bytes: kb * 1024, anon: optional("enabled")?, shmem: optional("shmem_enabled")? });
         }
     }
-    sizes.sort_by_key(|(b, _)| *b);
+    sizes.sort_by_key(|s| s.bytes);
     Ok(sizes)
 }
 

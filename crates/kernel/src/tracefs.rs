@@ -79,7 +79,11 @@ impl Instance {
         let root = mount_if_absent(guard)?;
         let name = format!("pagewise-{}-{}", std::process::id(), NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed));
         let dir = root.join("instances").join(name);
-        std::fs::create_dir(&dir).map_err(|source| Error::Write { path: dir.clone(), value: "mkdir".into(), source })?;
+        std::fs::create_dir(&dir).map_err(|source| Error::Write {
+            path: dir.clone(),
+            value: "mkdir".into(),
+            source,
+        })?;
         guard.record_created_dir(dir.clone(), None);
         Ok(Instance { dir })
     }
@@ -218,10 +222,9 @@ mod tests {
 
     #[test]
     fn parses_event_lines() {
-        let e = parse_trace_line(
-            "         kswapd0-48      [001] d..1.   123.456789: mm_vmscan_kswapd_wake: nid=0 order=0",
-        )
-        .unwrap();
+        let e =
+            parse_trace_line("         kswapd0-48      [001] d..1.   123.456789: mm_vmscan_kswapd_wake: nid=0 order=0")
+                .unwrap();
         assert_eq!((e.task.as_str(), e.pid, e.cpu), ("kswapd0", 48, 1));
         assert_eq!(e.name, "mm_vmscan_kswapd_wake");
         assert_eq!(e.field_u64("order"), Some(0));

@@ -311,11 +311,8 @@ impl Uffd {
 
     /// Register `[addr, addr+len)`; returns the ioctl bitmask allowed on it.
     pub fn register(&self, addr: usize, len: usize, mode: RegisterMode) -> Result<u64> {
-        let mut reg = UffdioRegister {
-            range: UffdioRange { start: addr as u64, len: len as u64 },
-            mode: mode.raw(),
-            ioctls: 0,
-        };
+        let mut reg =
+            UffdioRegister { range: UffdioRange { start: addr as u64, len: len as u64 }, mode: mode.raw(), ioctls: 0 };
         // SAFETY: reg is a valid uffdio_register; registration changes fault behaviour only.
         check(unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_REGISTER as _, &mut reg) }, "ioctl(UFFDIO_REGISTER)")?;
         Ok(reg.ioctls)
@@ -344,7 +341,14 @@ impl Uffd {
     ///
     /// # Safety
     /// `src` must be readable for `len` bytes.
-    pub unsafe fn copy(&self, dst: usize, src: *const u8, len: usize, write_protect: bool, wake: bool) -> Result<usize> {
+    pub unsafe fn copy(
+        &self,
+        dst: usize,
+        src: *const u8,
+        len: usize,
+        write_protect: bool,
+        wake: bool,
+    ) -> Result<usize> {
         let mut c = UffdioCopy {
             dst: dst as u64,
             src: src as u64,
@@ -424,7 +428,9 @@ fn decode(msg: &UffdMsg) -> Event {
             thread_id: msg.arg[2] as u32,
         },
         UFFD_EVENT_FORK => Event::Fork { uffd: msg.arg[0] as u32 as RawFd },
-        UFFD_EVENT_REMAP => Event::Remap { from: msg.arg[0] as usize, to: msg.arg[1] as usize, len: msg.arg[2] as usize },
+        UFFD_EVENT_REMAP => {
+            Event::Remap { from: msg.arg[0] as usize, to: msg.arg[1] as usize, len: msg.arg[2] as usize }
+        }
         UFFD_EVENT_REMOVE => Event::Remove { start: msg.arg[0] as usize, end: msg.arg[1] as usize },
         UFFD_EVENT_UNMAP => Event::Unmap { start: msg.arg[0] as usize, end: msg.arg[1] as usize },
         other => Event::Unknown(other),
@@ -490,7 +496,10 @@ mod tests {
     #[test]
     fn api_info_lists_features_by_name() {
         let Ok(info) = api_info() else { return };
-        assert_eq!(info.feature_names.len(), info.features.count_ones() as usize - (info.features >> 17).count_ones() as usize);
+        assert_eq!(
+            info.feature_names.len(),
+            info.features.count_ones() as usize - (info.features >> 17).count_ones() as usize
+        );
     }
 
     #[test]

@@ -1,0 +1,38 @@
+# Pagewise: `make eval` runs every experiment in quick mode; `make test` runs the whole suite.
+# Both install what a fresh machine of this kind lacks first.
+
+CARGO ?= cargo
+PAGEWISE := target/release/pagewise
+EVAL_FLAGS ?= --quick
+
+.PHONY: all build eval test deps fmt lint clean
+
+all: build
+
+# Debian packages the tests and experiments use, installed only when missing.
+APT_PACKAGES := build-essential pkg-config iproute2
+deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup)"; exit 1; }
+
+build: deps
+	$(CARGO) build --release --workspace
+
+eval: build
+	$(PAGEWISE) eval all $(EVAL_FLAGS)
+
+test: build
+	$(CARGO) test --release --workspace
+
+fmt:
+	$(CARGO) fmt --all
+
+lint:
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,39 @@
+//! `pagewise`: user-space memory management for stock Linux.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod doctor;
+mod eval;
+
+/// Pagewise: five research memory-management systems on the kernel you already run.
+///
+/// Start with `pagewise doctor` to see what this kernel offers each system.
+#[derive(Parser)]
+#[command(name = "pagewise", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    Doctor(doctor::Args),
+    Eval(eval::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Doctor(a) => doctor::run(a),
+        Command::Eval(a) => eval::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("pagewise: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

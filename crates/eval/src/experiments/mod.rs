@@ -1,0 +1,10 @@
+//! The experiments, one module each.
+
+use crate::Experiment;
+
+pub mod thp_baseline;
+
+/// Every experiment, in the order `pagewise eval all` runs them.
+pub fn all() -> Vec<&'static dyn Experiment> {
+    vec![&thp_baseline::ThpBaseline]
+}

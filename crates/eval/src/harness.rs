@@ -1,0 +1,149 @@
+//! Running an experiment: mode, progress, interleaved repetitions, and the results directory.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+
+use crate::report::{write_svg, Report};
+
+/// How big a run is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Minutes on 2 cores; what `make eval` runs.
+    Quick,
+    /// The paper's sizes where the machine allows.
+    Full,
+}
+
+impl Mode {
+    /// Pick the quick or full value.
+    pub fn pick<T>(self, quick: T, full: T) -> T {
+        match self {
+            Mode::Quick => quick,
+            Mode::Full => full,
+        }
+    }
+}
+
+/// An experiment reproducing (part of) a paper's evaluation.
+pub trait Experiment: Sync {
+    /// `pagewise eval NAME`.
+    fn name(&self) -> &'static str;
+    /// One line: what it compares, against which baselines.
+    fn description(&self) -> &'static str;
+    /// Run it; every configuration side by side in this one run.
+    fn run(&self, ctx: &mut Context) -> anyhow::Result<Report>;
+}
+
+/// What an experiment gets from the harness.
+pub struct Context {
+    pub mode: Mode,
+    /// The experiment's results directory (already created).
+    pub out_dir: PathBuf,
+    progress: ProgressBar,
+}
+
+impl Context {
+    /// Set the total number of steps of the progress bar and a message.
+    pub fn start_progress(&mut self, total: u64, message: impl Into<String>) {
+        self.progress.set_length(total);
+        self.progress.set_position(0);
+        self.progress.set_message(message.into());
+    }
+
+    pub fn tick(&self) {
+        self.progress.inc(1);
+    }
+
+    pub fn message(&self, message: impl Into<String>) {
+        self.progress.set_message(message.into());
+    }
+
+    /// Print a line above the progress bar.
+    pub fn log(&self, line: impl AsRef<str>) {
+        self.progress.println(line.as_ref());
+    }
+}
+
+/// Run `measure(config, rep)` for every configuration and repetition, interleaved
+/// (A B A B …) so that drift of the machine hits every configuration alike. Returns the
+/// results per configuration, in repetition order.
+pub fn interleave<C, T>(
+    ctx: &Context,
+    configs: &[C],
+    reps: usize,
+    mut measure: impl FnMut(&C, usize) -> anyhow::Result<T>,
+) -> anyhow::Result<Vec<Vec<T>>> {
+    let mut out: Vec<Vec<T>> = configs.iter().map(|_| Vec::with_capacity(reps)).collect();
+    for rep in 0..reps {
+        for (i, c) in configs.iter().enumerate() {
+            out[i].push(measure(c, rep)?);
+            ctx.tick();
+        }
+    }
+    Ok(out)
+}
+
+/// Facts about the machine recorded with every result.
+pub fn machine_facts() -> serde_json::Value {
+    let caps = pagewise_kernel::probe::probe();
+    json!({
+        "kernel": caps.kernel_release,
+        "cpus": pagewise_kernel::cpu::online_cpus().map(|c| c.len()).unwrap_or(0),
+        "mem_total_bytes": pagewise_kernel::procfs::read_meminfo().map(|m| m.mem_total).unwrap_or(0),
+        "thp_enabled": pagewise_kernel::thp::thp_mode().unwrap_or_default(),
+    })
+}
+
+/// Run one experiment and write `out_root/NAME/{result.json, table.md, plot.svg}`.
+/// Returns the Markdown it printed.
+pub fn run_experiment(exp: &dyn Experiment, mode: Mode, out_root: &Path, quiet: bool) -> anyhow::Result<String> {
+    let out_dir = out_root.join(exp.name());
+    std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let progress = if quiet { ProgressBar::hidden() } else { ProgressBar::new(0) };
+    progress.set_style(
+        ProgressStyle::with_template("{prefix:.bold} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    progress.set_prefix(exp.name());
+    progress.enable_steady_tick(Duration::from_millis(250));
+    let mut ctx = Context { mode, out_dir: out_dir.clone(), progress };
+    let started = Instant::now();
+    let report = exp.run(&mut ctx).with_context(|| format!("experiment {} failed", exp.name()))?;
+    ctx.progress.finish_and_clear();
+    let elapsed = started.elapsed();
+
+    let header = format!(
+        "{} — mode {:?}, {:.1} s on {}",
+        exp.description(),
+        mode,
+        elapsed.as_secs_f64(),
+        pagewise_kernel::probe::probe().kernel_release
+    );
+    let markdown = report.markdown(exp.name(), &header);
+    let result = json!({
+        "name": exp.name(),
+        "description": exp.description(),
+        "mode": mode,
+        "duration_s": elapsed.as_secs_f64(),
+        "machine": machine_facts(),
+        "summary": report.summary,
+        "tables": report.tables.iter().map(|(t, tab)| json!({"title": t, "table": tab})).collect::<Vec<_>>(),
+        "plots": report.plots,
+        "data": report.data,
+        "notes": report.notes,
+    });
+    let write = |name: &str, text: &str| {
+        let p = out_dir.join(name);
+        std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))
+    };
+    write("result.json", &serde_json::to_string_pretty(&result)?)?;
+    write("table.md", &markdown)?;
+    write_svg(&out_dir.join("plot.svg"), &report.plots)?;
+    Ok(markdown)
+}

@@ -1,0 +1,148 @@
+//! Statistics every experiment needs: summaries of repetitions, ratios, latency histograms.
+
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Median, min, max and mean of repeated measurements.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Summary {
+    pub n: usize,
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub mean: f64,
+}
+
+impl Summary {
+    /// Summarise `values` (NaNs are ignored). Empty input gives all zeros and n = 0.
+    pub fn of(values: &[f64]) -> Self {
+        let mut v: Vec<f64> = values.iter().copied().filter(|x| !x.is_nan()).collect();
+        if v.is_empty() {
+            return Summary::default();
+        }
+        v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+        let n = v.len();
+        let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+        Summary { n, median, min: v[0], max: v[n - 1], mean: v.iter().sum::<f64>() / n as f64 }
+    }
+
+    /// `median [min–max]` with `digits` decimals.
+    pub fn display(&self, digits: usize) -> String {
+        if self.n <= 1 {
+            return format!("{:.*}", digits, self.median);
+        }
+        format!("{:.*} [{:.*}–{:.*}]", digits, self.median, digits, self.min, digits, self.max)
+    }
+}
+
+/// `a / b`, or NaN when b is zero.
+pub fn ratio(a: f64, b: f64) -> f64 {
+    if b == 0.0 {
+        f64::NAN
+    } else {
+        a / b
+    }
+}
+
+/// A latency histogram in nanoseconds, 1 ns .. 100 s at 3 significant digits.
+#[derive(Clone)]
+pub struct Latency {
+    hist: Histogram<u64>,
+}
+
+impl Default for Latency {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Percentiles of a [`Latency`] in microseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct LatencySummary {
+    pub count: u64,
+    pub mean_us: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub max_us: f64,
+}
+
+impl Latency {
+    pub fn new() -> Self {
+        Latency { hist: Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("static bounds are valid") }
+    }
+
+    pub fn record(&mut self, d: Duration) {
+        self.record_ns(d.as_nanos().min(u64::MAX as u128) as u64);
+    }
+
+    pub fn record_ns(&mut self, ns: u64) {
+        self.hist.saturating_record(ns.max(1));
+    }
+
+    pub fn merge(&mut self, other: &Latency) {
+        let _ = self.hist.add(&other.hist);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.hist.len()
+    }
+
+    /// Value at quantile `q` (0..=1) in microseconds.
+    pub fn quantile_us(&self, q: f64) -> f64 {
+        self.hist.value_at_quantile(q) as f64 / 1000.0
+    }
+
+    pub fn summary(&self) -> LatencySummary {
+        if self.hist.is_empty() {
+            return LatencySummary::default();
+        }
+        LatencySummary {
+            count: self.hist.len(),
+            mean_us: self.hist.mean() / 1000.0,
+            p50_us: self.quantile_us(0.5),
+            p99_us: self.quantile_us(0.99),
+            p999_us: self.quantile_us(0.999),
+            max_us: self.hist.max() as f64 / 1000.0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn summary_of_known_values() {
+        let s = Summary::of(&[3.0, 1.0, 2.0]);
+        assert_eq!((s.median, s.min, s.max, s.mean, s.n), (2.0, 1.0, 3.0, 2.0, 3));
+        assert_eq!(Summary::of(&[1.0, 2.0, 3.0, 4.0]).median, 2.5);
+        assert_eq!(Summary::of(&[]).n, 0);
+        assert!(ratio(1.0, 0.0).is_nan());
+    }
+
+    #[test]
+    fn latency_percentiles() {
+        let mut l = Latency::new();
+        for us in 1..=100u64 {
+            l.record(Duration::from_micros(us));
+        }
+        let s = l.summary();
+        assert_eq!(s.count, 100);
+        assert!((s.p50_us - 50.0).abs() < 0.1, "{s:?}");
+        assert!((s.p99_us - 99.0).abs() < 0.1, "{s:?}");
+        assert!((s.max_us - 100.0).abs() < 0.1, "{s:?}");
+    }
+
+    proptest! {
+        #[test]
+        fn median_lies_between_min_and_max(v in proptest::collection::vec(-1e9f64..1e9, 1..50)) {
+            let s = Summary::of(&v);
+            prop_assert!(s.min <= s.median && s.median <= s.max);
+            prop_assert!(s.min <= s.mean + 1e-6 && s.mean <= s.max + 1e-6);
+        }
+    }
+}
