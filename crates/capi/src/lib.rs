@@ -1,0 +1,7 @@
+//! libpagewise: one shared and one static library carrying the C ABI of every Pagewise
+//! system. Each system keeps its `extern "C"` functions next to its Rust API (a `capi` module
+//! in its own crate); this crate links them into `libpagewise.so` / `libpagewise.a`, and
+//! `include/pagewise.h` declares them.
+//!
+//! Conventions of the ABI: functions return 0 on success and a negative errno on failure;
+//! `pagewise_last_error()` gives the message of the calling thread's last failure.
