@@ -3,5 +3,5 @@
 //! in its own crate); this crate links them into `libpagewise.so` / `libpagewise.a`, and
 //! `include/pagewise.h` declares them.
 //!
-//! Conventions of the ABI: functions return 0 on success and a negative errno on failure;
-//! `pagewise_last_error()` gives the message of the calling thread's last failure.
+//! Convention of the ABI: functions return 0 (or a count) on success and a negative errno on
+//! failure, and never abort the calling program.
