@@ -20,6 +20,7 @@ pub mod page_idle;
 pub mod pagemap_scan;
 pub mod probe;
 pub mod procfs;
+pub mod signal;
 pub mod thp;
 pub mod tracefs;
 pub mod uffd;

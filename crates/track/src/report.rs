@@ -1,0 +1,172 @@
+//! The seed's `/proc/PID/page_acs` layout, and the file a tracker publishes for
+//! `pagewise hps report --pid PID`.
+//!
+//! Layout (seed 000): for each VMA its `/proc/PID/maps` line, then one line per run of pages
+//! with equal count, `start-end : 0xCOUNT` (`%08lx-%08lx : 0x%08x`).
+//!
+//! Publication: the tracker runs inside the tracked process, so another process cannot read its
+//! counts from memory; after each decision step it writes
+//! `/run/pagewise/hps/PID.acs` (rename over a temporary file, so readers never see half a file):
+//! `range START END` lines (hex) each followed by its runs in the same `start-end : 0xCOUNT`
+//! form. `pagewise hps report` joins those with the live `/proc/PID/maps`.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use crate::{Error, Result, PAGE};
+
+/// Runs of equal counts: `(start, end, count)`.
+pub fn runs(start: usize, counts: &[u32]) -> Vec<(usize, usize, u32)> {
+    let mut out: Vec<(usize, usize, u32)> = Vec::new();
+    for (i, &c) in counts.iter().enumerate() {
+        let a = start + i * PAGE;
+        match out.last_mut() {
+            Some(last) if last.2 == c && last.1 == a => last.1 = a + PAGE,
+            _ => out.push((a, a + PAGE, c)),
+        }
+    }
+    out
+}
+
+/// One `start-end : 0xCOUNT` line.
+pub fn run_line(start: usize, end: usize, count: u32) -> String {
+    format!("{start:08x}-{end:08x} : 0x{count:08x}")
+}
+
+/// The page_acs text of one tracked range under its maps header line.
+pub fn page_acs(header: &str, start: usize, counts: &[u32]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "{header}");
+    for (a, b, c) in runs(start, counts) {
+        let _ = writeln!(s, "{}", run_line(a, b, c));
+    }
+    s
+}
+
+/// A published range: its bounds and its runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PublishedRange {
+    pub start: usize,
+    pub end: usize,
+    pub runs: Vec<(usize, usize, u32)>,
+}
+
+/// Serialise ranges for publication.
+pub fn encode(ranges: &[(usize, Vec<u32>)]) -> String {
+    let mut s = String::from("# pagewise hps acscount v1\n");
+    for (start, counts) in ranges {
+        let _ = writeln!(s, "range {:x} {:x}", start, start + counts.len() * PAGE);
+        for (a, b, c) in runs(*start, counts) {
+            let _ = writeln!(s, "{}", run_line(a, b, c));
+        }
+    }
+    s
+}
+
+fn hex(s: &str) -> Result<usize> {
+    usize::from_str_radix(s.trim_start_matches("0x"), 16).map_err(|_| Error::Parse(format!("not hex: {s:?}")))
+}
+
+/// Parse a published file.
+pub fn decode(text: &str) -> Result<Vec<PublishedRange>> {
+    let mut out: Vec<PublishedRange> = Vec::new();
+    for line in text.lines().filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        if let Some(rest) = line.strip_prefix("range ") {
+            let mut it = rest.split_whitespace();
+            let (Some(a), Some(b)) = (it.next(), it.next()) else {
+                return Err(Error::Parse(format!("bad range line {line:?}")));
+            };
+            out.push(PublishedRange { start: hex(a)?, end: hex(b)?, runs: Vec::new() });
+        } else {
+            let (span, count) = line.split_once(" : ").ok_or_else(|| Error::Parse(format!("bad line {line:?}")))?;
+            let (a, b) = span.split_once('-').ok_or_else(|| Error::Parse(format!("bad span {span:?}")))?;
+            let r = out.last_mut().ok_or_else(|| Error::Parse("run before any range".into()))?;
+            r.runs.push((hex(a)?, hex(b)?, hex(count)? as u32));
+        }
+    }
+    Ok(out)
+}
+
+/// Where process `pid` publishes its counts.
+pub fn published_path(pid: i32) -> PathBuf {
+    PathBuf::from(format!("/run/pagewise/hps/{pid}.acs"))
+}
+
+/// Publish this process's counts (atomically replacing the previous file).
+pub fn publish(pid: i32, ranges: &[(usize, Vec<u32>)]) -> Result<()> {
+    let path = published_path(pid);
+    let dir = path.parent().expect("has a parent");
+    let io = |source| Error::Io { path: path.display().to_string(), source };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let tmp = path.with_extension("acs.tmp");
+    std::fs::write(&tmp, encode(ranges)).map_err(io)?;
+    std::fs::rename(&tmp, &path).map_err(io)?;
+    Ok(())
+}
+
+/// Remove the published file of `pid` (tracking stopped).
+pub fn unpublish(pid: i32) {
+    let _ = std::fs::remove_file(published_path(pid));
+}
+
+/// Join published ranges with maps text: each VMA that overlaps a range gets its header line
+/// followed by the range's runs inside it.
+pub fn render(maps: &str, ranges: &[PublishedRange]) -> String {
+    let mut s = String::new();
+    for line in maps.lines() {
+        let Some(span) = line.split_whitespace().next() else { continue };
+        let Some((a, b)) = span.split_once('-') else { continue };
+        let (Ok(a), Ok(b)) = (hex(a), hex(b)) else { continue };
+        let inside: Vec<&(usize, usize, u32)> =
+            ranges.iter().flat_map(|r| r.runs.iter()).filter(|run| run.0 < b && run.1 > a).collect();
+        if inside.is_empty() {
+            continue;
+        }
+        let _ = writeln!(s, "{line}");
+        for &&(x, y, c) in &inside {
+            let _ = writeln!(s, "{}", run_line(x.max(a), y.min(b), c));
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_acs_matches_the_seed_layout() {
+        let text = page_acs("00400000-00404000 r-xp 00000000 08:01 1 /bin/x", 0x400000, &[0x121, 0x121, 0, 3]);
+        assert_eq!(
+            text,
+            "00400000-00404000 r-xp 00000000 08:01 1 /bin/x\n\
+             00400000-00402000 : 0x00000121\n\
+             00402000-00403000 : 0x00000000\n\
+             00403000-00404000 : 0x00000003\n"
+        );
+    }
+
+    #[test]
+    fn encode_decode_render_round_trip() {
+        let ranges = vec![(0x7f0000200000usize, vec![1, 1, 0, 5]), (0x7f0000800000, vec![2])];
+        let dec = decode(&encode(&ranges)).unwrap();
+        assert_eq!(dec.len(), 2);
+        assert_eq!(
+            dec[0].runs,
+            vec![
+                (0x7f0000200000, 0x7f0000202000, 1),
+                (0x7f0000202000, 0x7f0000203000, 0),
+                (0x7f0000203000, 0x7f0000204000, 5)
+            ]
+        );
+        let maps = "7f0000200000-7f0000400000 rw-s 00000000 00:01 5 /memfd:hps (deleted)\n\
+                    7f0000800000-7f0000a00000 rw-s 00000000 00:01 6 /memfd:hps2 (deleted)\n\
+                    7fff00000000-7fff00021000 rw-p 00000000 00:00 0 [stack]\n";
+        let out = render(maps, &dec);
+        assert!(out.starts_with("7f0000200000-7f0000400000 rw-s"));
+        assert!(out.contains("7f0000203000-7f0000204000 : 0x00000005"));
+        assert!(out.contains("7f0000800000-7f0000801000 : 0x00000002"));
+        assert!(!out.contains("[stack]"));
+        assert!(decode("junk line").is_err());
+    }
+}
