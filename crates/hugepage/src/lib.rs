@@ -1,1 +1,70 @@
-//! HPS
+//! # pagewise-hugepage: HPS — hot pages get hugepages, cold pages don't (seed 000)
+//!
+//! What it decides, from what signal, and why:
+//! - **Signal**: per-page access counts from [`pagewise_track`] (userfaultfd-minor emulation of
+//!   the accessed bit over memory the application got from [`Hps::alloc`]).
+//! - **Decision** ([`policy`], pure): per 2 MiB region, promote when at least a quarter of its
+//!   pages are active; otherwise the active pages go to the application's compaction callback,
+//!   which moves the objects on them onto hugepage-backed memory ([`compact::HugeArena`]).
+//!   The application may override the rule per region.
+//! - **Promotion** ([`promote`]): MADV_COLLAPSE, synchronous, behind a latency guard with
+//!   backoff ([`policy::Backoff`]).
+//! - **Notification** ([`Hps`]): the tracker queues a real-time signal carrying the number of
+//!   active pages to one thread; the application handles it in a signal-driven service thread
+//!   or in its own thread blocked in [`Hps::wait_signal`]. Queued real-time signals are not
+//!   merged, so notifications that arrive while one is processed are kept.
+//! - **Fairness** ([`fairness`]): hugepages come out of a host-wide budget shared max-min fairly
+//!   between the HPS processes of the host; a dead process's share is reclaimed.
+//! - **C API** ([`capi`], `include/pagewise/hps.h`): the seed's `hps_*` names.
+
+pub mod capi;
+pub mod compact;
+pub mod fairness;
+pub mod hps;
+pub mod policy;
+pub mod promote;
+
+pub use compact::HugeArena;
+pub use hps::{ActivePage, Hps, HpsConfig, HpsStats, Notify, Outcome};
+pub use policy::{decide, Decision, RegionRule, RegionView};
+
+/// A failure of HPS.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// a kernel interaction failed.
+    #[error(transparent)]
+    Kernel(#[from] pagewise_kernel::Error),
+    /// the tracker failed.
+    #[error(transparent)]
+    Track(#[from] pagewise_track::Error),
+    /// MADV_COLLAPSE of a compaction chunk failed.
+    #[error("collapsing the compaction arena failed: {0}")]
+    Collapse(Box<pagewise_kernel::Error>),
+    /// a file of the shared state failed.
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// an argument was rejected.
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+}
+
+impl Error {
+    /// The errno to hand a C caller (negated by the C API).
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Kernel(e) => e.errno().unwrap_or(libc::EINVAL),
+            Error::Collapse(e) => e.errno().unwrap_or(libc::EIO),
+            Error::Track(pagewise_track::Error::Kernel(e)) => e.errno().unwrap_or(libc::EINVAL),
+            Error::Track(pagewise_track::Error::Io { source, .. }) | Error::Io { source, .. } => {
+                source.raw_os_error().unwrap_or(libc::EIO)
+            }
+            Error::Track(_) | Error::Invalid(_) => libc::EINVAL,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,630 @@
+//! The HPS runtime of one process: tracked arenas, the tracking thread, notification, and the
+//! decision step (`sigpagesz_handler` in the seed) that promotes or compacts.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use pagewise_kernel::mem::HUGE_PMD;
+use pagewise_kernel::signal;
+use pagewise_track::plan::PlanConfig;
+use pagewise_track::{report, MinorTracker, RegionMode, TrackedArena, TrackerStats, PAGE, PAGES_PER_REGION};
+
+use crate::compact::HugeArena;
+use crate::fairness::{self, Budget};
+use crate::policy::{self, Backoff, Decision, RegionRule, RegionView};
+use crate::{promote, Error, Result};
+
+/// How the process hears about active pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Notify {
+    /// No signal; the application calls [`Hps::process`] when it likes.
+    None,
+    /// A signal handler wakes an HPS service thread that runs the decision step.
+    Handler,
+    /// The application blocks a thread in [`Hps::wait_signal`].
+    Wait,
+}
+
+/// Configuration of HPS in one process.
+#[derive(Clone, Debug)]
+pub struct HpsConfig {
+    /// Tracking period while there is work (ms).
+    pub interval_ms: u64,
+    /// Longest period once nothing new is found (ms): tracking thins out.
+    pub max_interval_ms: u64,
+    /// A page is active once its acscount reaches this.
+    pub active_threshold: u32,
+    /// The region rule.
+    pub rule: RegionRule,
+    /// Pages of a region armed per period while sampling (a chunk; 64 = 1/8 region).
+    pub sample_pages: usize,
+    /// Pages armed per period over all arenas.
+    pub budget_pages: usize,
+    pub notify: Notify,
+    /// The notification signal is SIGRTMIN + this.
+    pub signal_offset: i32,
+    /// Publish counts under /run/pagewise/hps/PID.acs for `pagewise hps report`.
+    pub publish: bool,
+    /// Take part in the host-wide hugepage budget of this many hugepages (None: no limit).
+    pub host_hugepages: Option<u64>,
+}
+
+impl Default for HpsConfig {
+    fn default() -> Self {
+        HpsConfig {
+            interval_ms: 20,
+            max_interval_ms: 320,
+            active_threshold: 1,
+            rule: RegionRule::default(),
+            sample_pages: 64,
+            budget_pages: 1 << 18,
+            notify: Notify::None,
+            signal_offset: 2,
+            publish: true,
+            host_hugepages: None,
+        }
+    }
+}
+
+/// An active page and its count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct ActivePage {
+    pub addr: usize,
+    pub count: u32,
+}
+
+/// What one decision step did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    pub promoted: u32,
+    pub compacted_pages: u32,
+    pub observe_fully: u32,
+    pub deferred: u32,
+}
+
+/// Counters of the runtime.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HpsStats {
+    pub tracker: TrackerStats,
+    pub promoted_regions: u64,
+    pub compacted_pages: u64,
+    pub collapse_failures: u64,
+    pub notifications_sent: u64,
+    pub notifications_received: u64,
+    pub decision_steps: u64,
+    pub collapse_ns: u64,
+}
+
+/// The application's override of the region rule: `Some(decision)` or `None` for the default.
+pub type DecideFn = Box<dyn FnMut(usize, &RegionView) -> Option<Decision> + Send>;
+/// The application's compaction: move the objects on these pages; returns how many pages it
+/// moved (their counts are forgotten either way).
+pub type CompactFn = Box<dyn FnMut(&[ActivePage]) -> usize + Send>;
+
+#[derive(Default)]
+struct Callbacks {
+    decide: Option<DecideFn>,
+    compact: Option<CompactFn>,
+}
+
+struct Shared {
+    cfg: Mutex<HpsConfig>,
+    tracker: MinorTracker,
+    arenas: Mutex<Vec<TrackedArena>>,
+    huge: Mutex<HugeArena>,
+    callbacks: Mutex<Callbacks>,
+    backoff: Mutex<Backoff>,
+    budget: Mutex<Option<Budget>>,
+    tracking: AtomicBool,
+    stop: AtomicBool,
+    outstanding: AtomicBool,
+    target_tid: AtomicI32,
+    sig: i32,
+    epoch: Instant,
+    idle_periods: AtomicU32,
+    promoted: AtomicU64,
+    compacted: AtomicU64,
+    collapse_failures: AtomicU64,
+    collapse_ns: AtomicU64,
+    sent: AtomicU64,
+    received: AtomicU64,
+    steps: AtomicU64,
+}
+
+/// HPS in this process.
+pub struct Hps {
+    shared: Arc<Shared>,
+    tracker_thread: Option<JoinHandle<()>>,
+    service: Mutex<Option<JoinHandle<()>>>,
+}
+
+thread_local! {
+    static BLOCKED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Write end of the handler-mode pipe (the signal handler may only do async-signal-safe work).
+static HANDLER_PIPE: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
+    let value = unsafe { signal::siginfo_value(&*info) };
+    let fd = HANDLER_PIPE.load(Ordering::Acquire);
+    if fd >= 0 {
+        // SAFETY: write(2) is async-signal-safe; 8 bytes to a pipe are written atomically
+        // (PIPE_BUF), so the service thread never reads a torn value.
+        unsafe { libc::write(fd, &value as *const u64 as *const libc::c_void, 8) };
+    }
+}
+
+impl Hps {
+    /// Start HPS: open the tracker and start the tracking thread (tracking on).
+    pub fn start(cfg: HpsConfig) -> Result<Self> {
+        if !(0.0..=1.0).contains(&cfg.rule.promote_fraction) || cfg.sample_pages == 0 || cfg.budget_pages == 0 {
+            return Err(Error::Invalid("promote_fraction must be in [0,1], sample and budget pages > 0".into()));
+        }
+        let sig = signal::rt_signal(cfg.signal_offset)?;
+        let budget = match cfg.host_hugepages {
+            Some(total) => Some(Budget::join(fairness::default_path(), total, signal::getpid())?),
+            None => None,
+        };
+        let notify = cfg.notify;
+        let shared = Arc::new(Shared {
+            cfg: Mutex::new(cfg),
+            tracker: MinorTracker::new()?,
+            arenas: Mutex::new(Vec::new()),
+            huge: Mutex::new(HugeArena::new()),
+            callbacks: Mutex::new(Callbacks::default()),
+            backoff: Mutex::new(Backoff::default()),
+            budget: Mutex::new(budget),
+            tracking: AtomicBool::new(true),
+            stop: AtomicBool::new(false),
+            outstanding: AtomicBool::new(false),
+            target_tid: AtomicI32::new(0),
+            sig,
+            epoch: Instant::now(),
+            idle_periods: AtomicU32::new(0),
+            promoted: AtomicU64::new(0),
+            compacted: AtomicU64::new(0),
+            collapse_failures: AtomicU64::new(0),
+            collapse_ns: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
+            received: AtomicU64::new(0),
+            steps: AtomicU64::new(0),
+        });
+        let s = shared.clone();
+        let tracker_thread = std::thread::Builder::new()
+            .name("pw-hps-track".into())
+            .spawn(move || tracking_loop(&s))
+            .map_err(|e| Error::Io { path: "thread spawn".into(), source: e })?;
+        let hps = Hps { shared, tracker_thread: Some(tracker_thread), service: Mutex::new(None) };
+        if notify == Notify::Handler {
+            hps.start_service()?;
+        }
+        Ok(hps)
+    }
+
+    fn start_service(&self) -> Result<()> {
+        let mut fds = [0i32; 2];
+        // SAFETY: fds is a valid out-array of two ints.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(Error::Io { path: "pipe2".into(), source: std::io::Error::last_os_error() });
+        }
+        HANDLER_PIPE.store(fds[1], Ordering::Release);
+        signal::install_handler(self.shared.sig, on_signal)?;
+        let s = self.shared.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let handle = std::thread::Builder::new()
+            .name("pw-hps-service".into())
+            .spawn(move || {
+                let _ = signal::set_thread_blocked(s.sig, false);
+                let _ = tx.send(signal::gettid());
+                let mut buf = [0u8; 8];
+                loop {
+                    // SAFETY: reading 8 bytes into buf from our pipe.
+                    let n = unsafe { libc::read(fds[0], buf.as_mut_ptr() as *mut libc::c_void, 8) };
+                    if n == 8 {
+                        let v = u64::from_ne_bytes(buf);
+                        if v == u64::MAX {
+                            break;
+                        }
+                        s.received.fetch_add(1, Ordering::Relaxed);
+                        let _ = process(&s);
+                    } else if n == 0 || (n < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR)) {
+                        break;
+                    }
+                }
+                // SAFETY: closing the read end we own.
+                unsafe { libc::close(fds[0]) };
+            })
+            .map_err(|e| Error::Io { path: "thread spawn".into(), source: e })?;
+        let tid = rx.recv().map_err(|_| Error::Invalid("service thread died".into()))?;
+        self.shared.target_tid.store(tid, Ordering::Release);
+        *self.service.lock().expect("service lock") = Some(handle);
+        Ok(())
+    }
+
+    /// Memory HPS tracks: a 2 MiB aligned arena of at least `len` bytes.
+    pub fn alloc(&self, len: usize) -> Result<*mut u8> {
+        let arena = TrackedArena::new("pagewise-hps", len)?;
+        self.shared.tracker.track(arena.addr(), arena.len())?;
+        let p = arena.as_ptr();
+        self.shared.arenas.lock().expect("arenas lock").push(arena);
+        self.shared.idle_periods.store(0, Ordering::Relaxed);
+        Ok(p)
+    }
+
+    /// Free an arena from [`Hps::alloc`].
+    pub fn free(&self, ptr: *mut u8) -> Result<()> {
+        let addr = ptr as usize;
+        let mut arenas = self.shared.arenas.lock().expect("arenas lock");
+        let pos = arenas.iter().position(|a| a.addr() == addr).ok_or(pagewise_track::Error::NotTracked(addr))?;
+        self.shared.tracker.untrack(addr)?;
+        let regions = arenas[pos].len() / HUGE_PMD;
+        drop(arenas.remove(pos));
+        let _ = regions;
+        Ok(())
+    }
+
+    /// Release (punch out) the memory of `[addr, addr+len)` inside an arena, e.g. a page whose
+    /// object moved to the hugepage arena.
+    pub fn release(&self, addr: usize, len: usize) -> Result<()> {
+        let arenas = self.shared.arenas.lock().expect("arenas lock");
+        let a = arenas
+            .iter()
+            .find(|a| addr >= a.addr() && addr < a.addr() + a.len())
+            .ok_or(pagewise_track::Error::NotTracked(addr))?;
+        a.release(addr, len)?;
+        Ok(())
+    }
+
+    /// Hugepage-backed memory for hot objects (the compaction target).
+    pub fn huge_alloc(&self, len: usize) -> Result<*mut u8> {
+        let mut huge = self.shared.huge.lock().expect("huge lock");
+        let need = huge.hugepages_needed(len);
+        if need > 0 {
+            if let Some(b) = self.shared.budget.lock().expect("budget lock").as_ref() {
+                if !b.try_take(need)? {
+                    return Err(Error::Io {
+                        path: fairness::default_path().display().to_string(),
+                        source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+                    });
+                }
+            }
+        }
+        huge.alloc(len)
+    }
+
+    /// Bytes held by the tracked arenas and the hugepage arena.
+    pub fn resident_bytes(&self) -> (u64, u64) {
+        let tracked = self.shared.arenas.lock().expect("arenas lock").iter().map(|a| a.resident_bytes()).sum();
+        (tracked, self.shared.huge.lock().expect("huge lock").resident_bytes())
+    }
+
+    /// Start (`true`) or stop tracking; arenas and counts stay.
+    pub fn set_tracking(&self, on: bool) {
+        self.shared.tracking.store(on, Ordering::Release);
+        if on {
+            self.shared.idle_periods.store(0, Ordering::Relaxed);
+        }
+    }
+
+    pub fn tracking(&self) -> bool {
+        self.shared.tracking.load(Ordering::Acquire)
+    }
+
+    /// Install (or clear) the application's decide and compact functions.
+    pub fn set_functions(&self, decide: Option<DecideFn>, compact: Option<CompactFn>) {
+        let mut cb = self.shared.callbacks.lock().expect("callbacks lock");
+        cb.decide = decide;
+        cb.compact = compact;
+    }
+
+    /// Active pages (count ≥ threshold) not yet promoted or compacted.
+    pub fn get_active(&self) -> Vec<ActivePage> {
+        active_pages(&self.shared)
+    }
+
+    /// Run one tracking period now (in addition to the thread's).
+    pub fn run_period(&self) -> Result<usize> {
+        let cfg = self.shared.cfg.lock().expect("cfg lock").clone();
+        Ok(self.shared.tracker.run_period(&plan_cfg(&cfg))?)
+    }
+
+    /// The decision step: fetch the active pages, decide per region, promote or compact.
+    pub fn process(&self) -> Result<Outcome> {
+        process(&self.shared)
+    }
+
+    /// Block this thread until a notification (up to `timeout`; `None`: forever), then run the
+    /// decision step in it. Returns the number of active pages the notification carried, or
+    /// `None` on timeout. The first call blocks the signal in the calling thread, so
+    /// notifications arriving while the step runs stay queued for the next call.
+    pub fn wait_signal(&self, timeout: Option<Duration>) -> Result<Option<u64>> {
+        let sig = self.shared.sig;
+        if !BLOCKED.with(|b| b.get()) {
+            signal::set_thread_blocked(sig, true)?;
+            BLOCKED.with(|b| b.set(true));
+        }
+        self.shared.target_tid.store(signal::gettid(), Ordering::Release);
+        match signal::wait_value(sig, timeout)? {
+            Some(n) => {
+                self.shared.received.fetch_add(1, Ordering::Relaxed);
+                process(&self.shared)?;
+                Ok(Some(n))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Queue a notification carrying `count` to the notified thread (what the tracking thread
+    /// does after a period that found active pages).
+    pub fn notify(&self, count: u64) -> Result<bool> {
+        notify(&self.shared, count)
+    }
+
+    /// The notification signal number.
+    pub fn signal(&self) -> i32 {
+        self.shared.sig
+    }
+
+    pub fn stats(&self) -> HpsStats {
+        let s = &self.shared;
+        HpsStats {
+            tracker: s.tracker.stats(),
+            promoted_regions: s.promoted.load(Ordering::Relaxed),
+            compacted_pages: s.compacted.load(Ordering::Relaxed),
+            collapse_failures: s.collapse_failures.load(Ordering::Relaxed),
+            notifications_sent: s.sent.load(Ordering::Relaxed),
+            notifications_received: s.received.load(Ordering::Relaxed),
+            decision_steps: s.steps.load(Ordering::Relaxed),
+            collapse_ns: s.collapse_ns.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The page_acs text of every tracked arena (seed layout), with maps-style headers.
+    pub fn page_acs(&self) -> String {
+        let maps = pagewise_kernel::error::read_file("/proc/self/maps").unwrap_or_default();
+        let ranges = published_ranges(&self.shared);
+        let decoded = report::decode(&report::encode(&ranges)).unwrap_or_default();
+        report::render(&maps, &decoded)
+    }
+
+    /// Publish the counts now (see [`pagewise_track::report`]).
+    pub fn publish(&self) -> Result<()> {
+        report::publish(signal::getpid(), &published_ranges(&self.shared))?;
+        Ok(())
+    }
+
+    /// Update the configuration (the signal and notify mode are fixed at start).
+    pub fn configure(&self, f: impl FnOnce(&mut HpsConfig)) {
+        let mut cfg = self.shared.cfg.lock().expect("cfg lock");
+        f(&mut cfg);
+        self.shared.idle_periods.store(0, Ordering::Relaxed);
+    }
+
+    /// Whether the notify mode is `Handler` with its service thread running.
+    pub fn has_service(&self) -> bool {
+        self.service.lock().expect("service lock").is_some()
+    }
+}
+
+impl Drop for Hps {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(t) = self.tracker_thread.take() {
+            let _ = t.join();
+        }
+        if let Some(h) = self.service.lock().expect("service lock").take() {
+            let fd = HANDLER_PIPE.swap(-1, Ordering::AcqRel);
+            let _ = signal::reset_handler(self.shared.sig);
+            let stop = u64::MAX;
+            // SAFETY: writing 8 bytes to our pipe's write end, then closing it.
+            unsafe {
+                libc::write(fd, &stop as *const u64 as *const libc::c_void, 8);
+                libc::close(fd);
+            }
+            let _ = h.join();
+        }
+        if let Some(b) = self.shared.budget.lock().expect("budget lock").as_ref() {
+            let _ = b.leave();
+        }
+        report::unpublish(signal::getpid());
+    }
+}
+
+fn plan_cfg(cfg: &HpsConfig) -> PlanConfig {
+    PlanConfig { pages_per_region: PAGES_PER_REGION, sample_pages: cfg.sample_pages, budget_pages: cfg.budget_pages }
+}
+
+fn published_ranges(s: &Shared) -> Vec<(usize, Vec<u32>)> {
+    s.tracker.ranges().iter().map(|r| (r.start, r.counts())).collect()
+}
+
+fn region_view(r: &pagewise_track::TrackedRange, region: usize, thr: u32) -> (RegionView, Vec<ActivePage>) {
+    let first = region * PAGES_PER_REGION;
+    let last = (first + PAGES_PER_REGION).min(r.pages());
+    let mut v = RegionView { total: (last - first) as u32, observed: 0, active: 0 };
+    let mut pages = Vec::new();
+    for i in first..last {
+        if r.obs(i) > 0 {
+            v.observed += 1;
+        }
+        let c = r.acs(i);
+        if c >= thr && c > 0 {
+            v.active += 1;
+            pages.push(ActivePage { addr: r.start + i * PAGE, count: c });
+        }
+    }
+    (v, pages)
+}
+
+fn active_pages(s: &Shared) -> Vec<ActivePage> {
+    let thr = s.cfg.lock().expect("cfg lock").active_threshold;
+    let mut out = Vec::new();
+    for r in s.tracker.ranges() {
+        for region in 0..r.regions() {
+            if r.mode(region) == RegionMode::Skip {
+                continue;
+            }
+            out.extend(region_view(&r, region, thr).1);
+        }
+    }
+    out
+}
+
+fn notify(s: &Shared, count: u64) -> Result<bool> {
+    let tid = s.target_tid.load(Ordering::Acquire);
+    if tid == 0 {
+        return Ok(false);
+    }
+    signal::queue_to_thread(signal::getpid(), tid, s.sig, count)?;
+    s.sent.fetch_add(1, Ordering::Relaxed);
+    Ok(true)
+}
+
+fn process(s: &Shared) -> Result<Outcome> {
+    // From here on a new period may notify again: anything it finds is handled next time.
+    s.outstanding.store(false, Ordering::Release);
+    s.steps.fetch_add(1, Ordering::Relaxed);
+    let cfg = s.cfg.lock().expect("cfg lock").clone();
+    let thr = cfg.active_threshold;
+    let mut out = Outcome::default();
+    let mut cb = s.callbacks.lock().expect("callbacks lock");
+    for r in s.tracker.ranges() {
+        for region in 0..r.regions() {
+            if r.mode(region) == RegionMode::Skip {
+                continue;
+            }
+            let (view, pages) = region_view(&r, region, thr);
+            if view.active == 0 {
+                continue;
+            }
+            let addr = r.start + region * HUGE_PMD;
+            let own = cb.decide.as_mut().and_then(|f| f(addr, &view));
+            let mut decision = own.unwrap_or_else(|| policy::decide(&view, &cfg.rule));
+            if decision == Decision::Promote {
+                match try_promote(s, addr)? {
+                    PromoteResult::Done => {
+                        r.set_mode(region, RegionMode::Skip);
+                        out.promoted += 1;
+                        continue;
+                    }
+                    PromoteResult::Later => {
+                        out.deferred += 1;
+                        continue;
+                    }
+                    // No hugepage for a whole region: the active pages can still be compacted,
+                    // which takes far fewer hugepages.
+                    PromoteResult::NoBudget => {
+                        decision = if view.observed < view.total { Decision::ObserveFully } else { Decision::Compact };
+                    }
+                }
+            }
+            match decision {
+                Decision::ObserveFully => {
+                    if r.mode(region) != RegionMode::Full {
+                        r.set_mode(region, RegionMode::Full);
+                        out.observe_fully += 1;
+                    }
+                }
+                Decision::Compact => {
+                    let moved = cb.compact.as_mut().map_or(0, |f| f(&pages));
+                    for p in &pages {
+                        r.reset_page((p.addr - r.start) / PAGE);
+                    }
+                    r.set_mode(region, RegionMode::Sample);
+                    out.compacted_pages += moved as u32;
+                    s.compacted.fetch_add(moved as u64, Ordering::Relaxed);
+                }
+                Decision::Observe | Decision::Promote => {}
+            }
+        }
+    }
+    if out.promoted + out.compacted_pages + out.observe_fully > 0 {
+        s.idle_periods.store(0, Ordering::Relaxed);
+    }
+    Ok(out)
+}
+
+enum PromoteResult {
+    Done,
+    Later,
+    NoBudget,
+}
+
+fn try_promote(s: &Shared, addr: usize) -> Result<PromoteResult> {
+    let now = s.epoch.elapsed().as_nanos() as u64;
+    if !s.backoff.lock().expect("backoff lock").allowed(now) {
+        return Ok(PromoteResult::Later);
+    }
+    let budget = s.budget.lock().expect("budget lock");
+    if let Some(b) = budget.as_ref() {
+        if !b.try_take(1)? {
+            return Ok(PromoteResult::NoBudget);
+        }
+    }
+    let res = promote::collapse(addr);
+    let end = s.epoch.elapsed().as_nanos() as u64;
+    let took = end - now;
+    s.collapse_ns.fetch_add(took, Ordering::Relaxed);
+    s.backoff.lock().expect("backoff lock").record(end, took, res.is_ok());
+    match res {
+        Ok(_) => {
+            s.promoted.fetch_add(1, Ordering::Relaxed);
+            Ok(PromoteResult::Done)
+        }
+        Err(_) => {
+            s.collapse_failures.fetch_add(1, Ordering::Relaxed);
+            if let Some(b) = budget.as_ref() {
+                b.give_back(1)?;
+            }
+            Ok(PromoteResult::Later)
+        }
+    }
+}
+
+fn tracking_loop(s: &Shared) {
+    let mut last_publish = Instant::now();
+    while !s.stop.load(Ordering::Acquire) {
+        let cfg = s.cfg.lock().expect("cfg lock").clone();
+        let idle = s.idle_periods.load(Ordering::Relaxed);
+        let ms = policy::thinned_interval_ms(cfg.interval_ms, cfg.max_interval_ms, idle);
+        let deadline = Instant::now() + Duration::from_millis(ms);
+        // Sleep in short steps so stop and restart take effect quickly.
+        while Instant::now() < deadline && !s.stop.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(5).min(deadline.saturating_duration_since(Instant::now())));
+            if s.idle_periods.load(Ordering::Relaxed) < idle {
+                break;
+            }
+        }
+        if s.stop.load(Ordering::Acquire) || !s.tracking.load(Ordering::Acquire) {
+            continue;
+        }
+        let faults_before = s.tracker.stats().faults;
+        if s.tracker.run_period(&plan_cfg(&cfg)).is_err() {
+            continue;
+        }
+        let active = active_pages(s).len() as u64;
+        // A period is busy while accesses were observed and something remains to decide.
+        let busy = active > 0 && s.tracker.stats().faults > faults_before;
+        if busy {
+            s.idle_periods.store(0, Ordering::Relaxed);
+        } else {
+            s.idle_periods.fetch_add(1, Ordering::Relaxed);
+        }
+        if active > 0 && cfg.notify != Notify::None && !s.outstanding.swap(true, Ordering::AcqRel) {
+            match notify(s, active) {
+                Ok(true) => {}
+                _ => s.outstanding.store(false, Ordering::Release),
+            }
+        }
+        if cfg.publish && last_publish.elapsed() >= Duration::from_millis(500) {
+            let _ = report::publish(signal::getpid(), &published_ranges(s));
+            last_publish = Instant::now();
+        }
+    }
+}
