@@ -476,6 +476,32 @@ fn active_pages(s: &Shared) -> Vec<ActivePage> {
     out
 }
 
+/// After a period: regions whose counts already decide them stop being armed (`Hold` until the
+/// application's decision step), regions that need page-exact counts are armed whole from the
+/// next period on. Returns the number of active pages awaiting a decision.
+fn classify(s: &Shared, cfg: &HpsConfig) -> u64 {
+    let mut active = 0u64;
+    for r in s.tracker.ranges() {
+        for region in 0..r.regions() {
+            let mode = r.mode(region);
+            if mode == RegionMode::Skip {
+                continue;
+            }
+            let (view, _) = region_view(&r, region, cfg.active_threshold);
+            active += view.active as u64;
+            if mode == RegionMode::Hold {
+                continue;
+            }
+            match policy::decide(&view, &cfg.rule) {
+                Decision::Promote | Decision::Compact => r.set_mode(region, RegionMode::Hold),
+                Decision::ObserveFully => r.set_mode(region, RegionMode::Full),
+                Decision::Observe => {}
+            }
+        }
+    }
+    active
+}
+
 fn notify(s: &Shared, count: u64) -> Result<bool> {
     let tid = s.target_tid.load(Ordering::Acquire);
     if tid == 0 {
@@ -514,6 +540,8 @@ fn process(s: &Shared) -> Result<Outcome> {
                         continue;
                     }
                     PromoteResult::Later => {
+                        // Stays on hold: retried at the next decision step, not re-armed.
+                        r.set_mode(region, RegionMode::Hold);
                         out.deferred += 1;
                         continue;
                     }
@@ -540,7 +568,11 @@ fn process(s: &Shared) -> Result<Outcome> {
                     out.compacted_pages += moved as u32;
                     s.compacted.fetch_add(moved as u64, Ordering::Relaxed);
                 }
-                Decision::Observe | Decision::Promote => {}
+                Decision::Observe | Decision::Promote => {
+                    if r.mode(region) == RegionMode::Hold {
+                        r.set_mode(region, RegionMode::Sample);
+                    }
+                }
             }
         }
     }
@@ -608,7 +640,7 @@ fn tracking_loop(s: &Shared) {
         if s.tracker.run_period(&plan_cfg(&cfg)).is_err() {
             continue;
         }
-        let active = active_pages(s).len() as u64;
+        let active = classify(s, &cfg);
         // A period is busy while accesses were observed and something remains to decide.
         let busy = active > 0 && s.tracker.stats().faults > faults_before;
         if busy {

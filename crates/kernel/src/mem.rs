@@ -443,6 +443,22 @@ pub fn process_madvise(pidfd: &impl AsRawFd, ranges: &[(usize, usize)], advice: 
     Ok(n as usize)
 }
 
+/// mincore(2): for each page of `[addr, addr+len)`, whether it is resident. For a shared file
+/// (memfd) mapping this is page-cache residency, so it stays true after MADV_DONTNEED dropped
+/// the mapping. Writes one byte per page into `out` (bit 0 = resident).
+pub fn mincore(addr: usize, len: usize, out: &mut [u8]) -> Result<()> {
+    check_range(addr, len)?;
+    let pages = len.div_ceil(page_size());
+    if out.len() < pages {
+        return Err(Error::Invalid(format!("mincore needs {pages} bytes of output, got {}", out.len())));
+    }
+    // SAFETY: out holds at least one byte per page of the range; the kernel only writes there.
+    if unsafe { libc::mincore(addr as *mut libc::c_void, len, out.as_mut_ptr()) } != 0 {
+        return Err(Error::last_os("mincore"));
+    }
+    Ok(())
+}
+
 /// Touch one byte per page so every page of `[addr, addr+len)` is faulted in writable.
 ///
 /// # Safety
@@ -490,6 +506,20 @@ mod tests {
         m.advise(Advice::DontNeed).unwrap();
         // SAFETY: our own mapping.
         assert_eq!(unsafe { m.as_slice()[5000] }, 42);
+    }
+
+    #[test]
+    fn mincore_sees_memfd_pages_after_dontneed() {
+        let fd = memfd_create("pw-mincore", None).unwrap();
+        ftruncate(&fd, 1 << 16).unwrap();
+        let m = Mapping::of_fd(&fd, 1 << 16, 0, &MapOptions { shared: true, ..Default::default() }).unwrap();
+        // SAFETY: our own mapping.
+        unsafe { m.as_mut_slice()[3 * 4096] = 1 };
+        m.advise(Advice::DontNeed).unwrap();
+        let mut v = vec![0u8; 16];
+        mincore(m.addr(), m.len(), &mut v).unwrap();
+        assert_eq!(v.iter().map(|b| b & 1).collect::<Vec<_>>(), (0..16).map(|i| (i == 3) as u8).collect::<Vec<_>>());
+        assert!(mincore(m.addr(), m.len(), &mut [0u8; 2]).is_err());
     }
 
     #[test]

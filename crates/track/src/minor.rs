@@ -28,6 +28,9 @@ pub struct TrackedRange {
     /// Periods in which the page was armed (observed).
     obs: Box<[AtomicU32]>,
     armed: Box<[AtomicBool]>,
+    /// Armed while not resident: credited by `settle` if it became resident.
+    absent: Box<[AtomicBool]>,
+    absent_count: AtomicUsize,
     modes: Box<[AtomicU8]>,
     cursor: AtomicUsize,
 }
@@ -42,6 +45,8 @@ impl TrackedRange {
             acs: (0..pages).map(|_| AtomicU32::new(0)).collect(),
             obs: (0..pages).map(|_| AtomicU32::new(0)).collect(),
             armed: (0..pages).map(|_| AtomicBool::new(false)).collect(),
+            absent: (0..pages).map(|_| AtomicBool::new(false)).collect(),
+            absent_count: AtomicUsize::new(0),
             modes: (0..regions).map(|_| AtomicU8::new(RegionMode::Sample as u8)).collect(),
             cursor: AtomicUsize::new(0),
         }
@@ -189,11 +194,22 @@ impl MinorTracker {
     }
 
     /// Clear the "accessed bit" of pages `[first, first+count)` of `range`.
+    ///
+    /// A page not yet in the memfd cannot raise a minor fault: its first touch is a normal
+    /// (missing) fault the kernel serves itself. Such pages are marked `absent` instead, and
+    /// [`MinorTracker::settle`] credits the ones that became resident since (mincore(2)), so a
+    /// region being populated is not mistaken for an idle one.
     pub fn arm(&self, range: &TrackedRange, first: usize, count: usize) -> Result<()> {
         let t = Instant::now();
-        for i in first..first + count {
+        let mut resident = vec![0u8; count];
+        mem::mincore(range.start + first * PAGE, count * PAGE, &mut resident)?;
+        for (k, i) in (first..first + count).enumerate() {
             range.obs[i].fetch_add(1, Ordering::Relaxed);
-            range.armed[i].store(true, Ordering::Release);
+            if resident[k] & 1 != 0 {
+                range.armed[i].store(true, Ordering::Release);
+            } else if !range.absent[i].swap(true, Ordering::Relaxed) {
+                range.absent_count.fetch_add(1, Ordering::Relaxed);
+            }
         }
         mem::madvise(range.start + first * PAGE, count * PAGE, Advice::DontNeed)?;
         self.inner.armed_pages.fetch_add(count as u64, Ordering::Relaxed);
@@ -201,9 +217,29 @@ impl MinorTracker {
         Ok(())
     }
 
-    /// One tracking period over every range: arm what the plan picks within `cfg`'s budget
+    /// Credit pages armed while absent that have been populated since (first touches).
+    pub fn settle(&self) -> Result<()> {
+        for r in self.ranges() {
+            if r.absent_count.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let mut resident = vec![0u8; r.pages()];
+            mem::mincore(r.start, r.len, &mut resident)?;
+            for (i, res) in resident.iter().enumerate() {
+                if res & 1 != 0 && r.absent[i].load(Ordering::Relaxed) {
+                    r.absent[i].store(false, Ordering::Relaxed);
+                    r.absent_count.fetch_sub(1, Ordering::Relaxed);
+                    r.acs[i].fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One tracking period over every range (after settling the previous one): arm what the plan picks within `cfg`'s budget
     /// (shared by all ranges). Returns the number of pages armed.
     pub fn run_period(&self, cfg: &PlanConfig) -> Result<usize> {
+        self.settle()?;
         let period = self.inner.periods.fetch_add(1, Ordering::Relaxed);
         let mut left = cfg.budget_pages;
         let mut armed = 0;
@@ -305,6 +341,14 @@ mod tests {
         assert_eq!(r.obs(3), 1);
         assert_eq!(r.acs(4), 0);
         assert_eq!(r.obs(100), 0);
+        // A page armed before it was ever touched is credited once it is populated.
+        let fresh = TrackedArena::new("pw-minor-fresh", 2 << 20).unwrap();
+        let r2 = t.track(fresh.addr(), fresh.len()).unwrap();
+        t.arm(&r2, 0, 4).unwrap();
+        // SAFETY: our own arena; a first touch (missing fault, served by the kernel).
+        unsafe { (fresh.addr() as *mut u64).add(512).write(1) };
+        t.settle().unwrap();
+        assert_eq!((r2.acs(0), r2.acs(1), r2.obs(1)), (0, 1, 1));
         assert!(t.stats().faults >= 1);
     }
 }

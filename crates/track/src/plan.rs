@@ -20,6 +20,9 @@ pub enum RegionMode {
     Full = 1,
     /// Never arm: promoted (PMD-mapped; arming would split it) or retired.
     Skip = 2,
+    /// Not armed while a decision about it is pending: its counts already say what to do, and
+    /// arming it again would only cost the application faults.
+    Hold = 3,
 }
 
 impl RegionMode {
@@ -27,6 +30,7 @@ impl RegionMode {
         match v {
             1 => RegionMode::Full,
             2 => RegionMode::Skip,
+            3 => RegionMode::Hold,
             _ => RegionMode::Sample,
         }
     }
@@ -64,7 +68,7 @@ pub fn plan(modes: &[RegionMode], cfg: &PlanConfig, period: u64, cursor: usize) 
     for step in 0..n {
         let r = (cursor + step) % n;
         let (off, count) = match modes[r] {
-            RegionMode::Skip => {
+            RegionMode::Skip | RegionMode::Hold => {
                 next_cursor = (r + 1) % n;
                 continue;
             }
@@ -102,7 +106,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn mode() -> impl Strategy<Value = RegionMode> {
-        prop_oneof![Just(RegionMode::Sample), Just(RegionMode::Full), Just(RegionMode::Skip)]
+        prop_oneof![Just(RegionMode::Sample), Just(RegionMode::Full), Just(RegionMode::Skip), Just(RegionMode::Hold)]
     }
 
     #[test]
@@ -132,7 +136,7 @@ mod tests {
                 last_end = s + c;
                 prop_assert!(s + c <= modes.len() * 512);
                 for page in s..s + c {
-                    prop_assert!(modes[page / 512] != RegionMode::Skip);
+                    prop_assert!(!matches!(modes[page / 512], RegionMode::Skip | RegionMode::Hold));
                 }
             }
         }
