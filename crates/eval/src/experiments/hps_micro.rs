@@ -403,8 +403,8 @@ mod tests {
     }
 
     #[test]
-    fn rounds_to_reach_finds_the_last_crossing() {
-        let v = [1.0, 1.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0];
+    fn rounds_to_reach_finds_the_first_window_at_the_threshold() {
+        let v = [1.0, 1.0, 1.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0];
         assert_eq!(rounds_to_reach(&v, 4.0), 2);
         assert_eq!(rounds_to_reach(&v, 1.0), 1);
         assert_eq!(rounds_to_reach(&v, 6.0), 10);
