@@ -1,1 +1,405 @@
-//! C API (filled below)
+//! The C API of HPS (`include/pagewise/hps.h`), with the seed's names.
+//!
+//! One HPS instance per process, created by `hps_enable_track` (or by the first
+//! `hps_arena_alloc`, with tracking off until enabled). Functions return 0 or a count on
+//! success and a negative errno on failure; pointer-returning functions return NULL and set
+//! errno. No function unwinds into C: a Rust panic becomes -EIO.
+
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use crate::hps::{ActivePage, Hps, HpsConfig, Notify};
+use crate::policy::{Decision, RegionRule};
+
+/// `struct hps_config`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HpsConfigC {
+    pub interval_ms: u32,
+    pub max_interval_ms: u32,
+    pub active_threshold: u32,
+    pub sample_pages: u32,
+    pub budget_pages: u32,
+    /// HPS_NOTIFY_NONE 0, HPS_NOTIFY_HANDLER 1, HPS_NOTIFY_WAIT 2.
+    pub notify: c_int,
+    pub signal_offset: c_int,
+    pub publish: c_int,
+    pub promote_fraction: f64,
+    /// 0: no host-wide budget.
+    pub host_hugepages: u64,
+}
+
+/// `struct hps_page`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HpsPageC {
+    pub addr: usize,
+    pub count: u32,
+    pub reserved: u32,
+}
+
+/// `struct hps_stats`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HpsStatsC {
+    pub periods: u64,
+    pub armed_pages: u64,
+    pub faults: u64,
+    pub promoted_regions: u64,
+    pub compacted_pages: u64,
+    pub notifications_sent: u64,
+    pub notifications_received: u64,
+}
+
+/// `hps_decide_fn`: returns HPS_DEFAULT (-1), HPS_OBSERVE (0), HPS_PROMOTE (1),
+/// HPS_COMPACT (2) or HPS_OBSERVE_FULLY (3).
+pub type DecideFnC = extern "C" fn(ctx: *mut c_void, region: usize, total: u32, observed: u32, active: u32) -> c_int;
+/// `hps_compact_fn`: move the objects on `pages`; returns how many pages were moved.
+pub type CompactFnC = extern "C" fn(ctx: *mut c_void, pages: *const HpsPageC, n: usize) -> usize;
+
+static INSTANCE: OnceLock<Mutex<Option<Arc<Hps>>>> = OnceLock::new();
+
+fn slot() -> &'static Mutex<Option<Arc<Hps>>> {
+    INSTANCE.get_or_init(|| Mutex::new(None))
+}
+
+fn current() -> Option<Arc<Hps>> {
+    slot().lock().ok()?.clone()
+}
+
+fn guarded(f: impl FnOnce() -> i64) -> i64 {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(-(libc::EIO as i64))
+}
+
+fn set_errno(e: i32) {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+fn to_config(c: &HpsConfigC) -> Result<HpsConfig, i32> {
+    let d = HpsConfig::default();
+    let notify = match c.notify {
+        0 => Notify::None,
+        1 => Notify::Handler,
+        2 => Notify::Wait,
+        _ => return Err(libc::EINVAL),
+    };
+    if !(0.0..=1.0).contains(&c.promote_fraction) {
+        return Err(libc::EINVAL);
+    }
+    let pick = |v: u32, dflt: u64| if v == 0 { dflt } else { v as u64 };
+    Ok(HpsConfig {
+        interval_ms: pick(c.interval_ms, d.interval_ms),
+        max_interval_ms: pick(c.max_interval_ms, d.max_interval_ms),
+        active_threshold: pick(c.active_threshold, d.active_threshold as u64) as u32,
+        rule: RegionRule {
+            promote_fraction: if c.promote_fraction == 0.0 { d.rule.promote_fraction } else { c.promote_fraction },
+            ..d.rule
+        },
+        sample_pages: pick(c.sample_pages, d.sample_pages as u64) as usize,
+        budget_pages: pick(c.budget_pages, d.budget_pages as u64) as usize,
+        notify,
+        signal_offset: c.signal_offset,
+        publish: c.publish != 0,
+        host_hugepages: if c.host_hugepages == 0 { None } else { Some(c.host_hugepages) },
+    })
+}
+
+/// Fill `cfg` with the defaults (`hps_config_default`).
+///
+/// # Safety
+/// `cfg` must point to a writable `struct hps_config`.
+#[no_mangle]
+pub unsafe extern "C" fn hps_config_default(cfg: *mut HpsConfigC) -> c_int {
+    if cfg.is_null() {
+        return -libc::EINVAL;
+    }
+    let d = HpsConfig::default();
+    let c = HpsConfigC {
+        interval_ms: d.interval_ms as u32,
+        max_interval_ms: d.max_interval_ms as u32,
+        active_threshold: d.active_threshold,
+        sample_pages: d.sample_pages as u32,
+        budget_pages: d.budget_pages as u32,
+        notify: 1,
+        signal_offset: d.signal_offset,
+        publish: 1,
+        promote_fraction: d.rule.promote_fraction,
+        host_hugepages: 0,
+    };
+    // SAFETY: the caller guarantees cfg is writable.
+    unsafe { cfg.write(c) };
+    0
+}
+
+/// Start tracking this process's HPS arenas (`hps_enable_track`). `cfg` may be NULL for the
+/// defaults (handler mode). Calling it again restarts tracking after `hps_disable_track`.
+///
+/// # Safety
+/// `cfg` is NULL or points to a valid `struct hps_config`.
+#[no_mangle]
+pub unsafe extern "C" fn hps_enable_track(cfg: *const HpsConfigC) -> c_int {
+    guarded(|| {
+        let cfg = if cfg.is_null() {
+            HpsConfig { notify: Notify::Handler, ..Default::default() }
+        } else {
+            // SAFETY: the caller guarantees cfg is valid.
+            match to_config(unsafe { &*cfg }) {
+                Ok(c) => c,
+                Err(e) => return -(e as i64),
+            }
+        };
+        let mut s = match slot().lock() {
+            Ok(s) => s,
+            Err(_) => return -(libc::EIO as i64),
+        };
+        match s.as_ref() {
+            Some(h) => {
+                h.configure(|c| {
+                    c.interval_ms = cfg.interval_ms;
+                    c.max_interval_ms = cfg.max_interval_ms;
+                    c.active_threshold = cfg.active_threshold;
+                    c.rule = cfg.rule;
+                    c.sample_pages = cfg.sample_pages;
+                    c.budget_pages = cfg.budget_pages;
+                    c.publish = cfg.publish;
+                });
+                h.set_tracking(true);
+                0
+            }
+            None => match Hps::start(cfg) {
+                Ok(h) => {
+                    *s = Some(Arc::new(h));
+                    0
+                }
+                Err(e) => -(e.errno() as i64),
+            },
+        }
+    }) as c_int
+}
+
+/// Stop tracking (`hps_disable_track`); arenas, counts and callbacks stay.
+#[no_mangle]
+pub extern "C" fn hps_disable_track() -> c_int {
+    guarded(|| match current() {
+        Some(h) => {
+            h.set_tracking(false);
+            0
+        }
+        None => -(libc::EINVAL as i64),
+    }) as c_int
+}
+
+/// End HPS in this process: stop every thread, free the arenas (`hps_shutdown`). Memory from
+/// `hps_arena_alloc`/`hps_huge_alloc` must not be used afterwards.
+#[no_mangle]
+pub extern "C" fn hps_shutdown() -> c_int {
+    guarded(|| {
+        let h = slot().lock().ok().and_then(|mut s| s.take());
+        if let Some(h) = h {
+            h.set_functions(None, None);
+        }
+        0
+    }) as c_int
+}
+
+/// Install the application's decide and compact functions (`hps_set_functions`); either may
+/// be NULL (default rule; no compaction). `ctx` is passed back to both.
+#[no_mangle]
+pub extern "C" fn hps_set_functions(decide: Option<DecideFnC>, compact: Option<CompactFnC>, ctx: *mut c_void) -> c_int {
+    guarded(|| {
+        let Some(h) = current() else { return -(libc::EINVAL as i64) };
+        let ctx = ctx as usize;
+        let d = decide.map(|f| -> crate::hps::DecideFn {
+            Box::new(move |region, v| match f(ctx as *mut c_void, region, v.total, v.observed, v.active) {
+                0 => Some(Decision::Observe),
+                1 => Some(Decision::Promote),
+                2 => Some(Decision::Compact),
+                3 => Some(Decision::ObserveFully),
+                _ => None,
+            })
+        });
+        let c = compact.map(|f| -> crate::hps::CompactFn {
+            Box::new(move |pages: &[ActivePage]| {
+                let v: Vec<HpsPageC> =
+                    pages.iter().map(|p| HpsPageC { addr: p.addr, count: p.count, reserved: 0 }).collect();
+                f(ctx as *mut c_void, v.as_ptr(), v.len()).min(v.len())
+            })
+        });
+        h.set_functions(d, c);
+        0
+    }) as c_int
+}
+
+/// Block until a notification (`timeout_ms` < 0: forever), then run the decision step in this
+/// thread (`hps_wait_signal`). Returns the number of active pages notified, 0 on timeout.
+#[no_mangle]
+pub extern "C" fn hps_wait_signal(timeout_ms: c_int) -> i64 {
+    guarded(|| {
+        let Some(h) = current() else { return -(libc::EINVAL as i64) };
+        let t = if timeout_ms < 0 { None } else { Some(Duration::from_millis(timeout_ms as u64)) };
+        match h.wait_signal(t) {
+            Ok(Some(n)) => n as i64,
+            Ok(None) => 0,
+            Err(e) => -(e.errno() as i64),
+        }
+    })
+}
+
+/// Run the decision step now (`hps_process`); returns promoted regions + compacted pages.
+#[no_mangle]
+pub extern "C" fn hps_process() -> i64 {
+    guarded(|| {
+        let Some(h) = current() else { return -(libc::EINVAL as i64) };
+        match h.process() {
+            Ok(o) => (o.promoted + o.compacted_pages) as i64,
+            Err(e) => -(e.errno() as i64),
+        }
+    })
+}
+
+/// Copy up to `n` active pages into `buf` (`hps_get_active`); returns how many there are in
+/// all (may exceed `n`; `buf` may be NULL to ask the number).
+///
+/// # Safety
+/// `buf` is NULL or writable for `n` entries.
+#[no_mangle]
+pub unsafe extern "C" fn hps_get_active(buf: *mut HpsPageC, n: usize) -> i64 {
+    guarded(|| {
+        let Some(h) = current() else { return -(libc::EINVAL as i64) };
+        let active = h.get_active();
+        if !buf.is_null() {
+            for (i, p) in active.iter().take(n).enumerate() {
+                // SAFETY: i < n and the caller guarantees n writable entries.
+                unsafe { buf.add(i).write(HpsPageC { addr: p.addr, count: p.count, reserved: 0 }) };
+            }
+        }
+        active.len() as i64
+    })
+}
+
+fn ensure_instance() -> Result<Arc<Hps>, i32> {
+    let mut s = slot().lock().map_err(|_| libc::EIO)?;
+    if let Some(h) = s.as_ref() {
+        return Ok(h.clone());
+    }
+    let h = Arc::new(Hps::start(HpsConfig { notify: Notify::Handler, ..Default::default() }).map_err(|e| e.errno())?);
+    h.set_tracking(false);
+    *s = Some(h.clone());
+    Ok(h)
+}
+
+/// Memory HPS tracks (`hps_arena_alloc`): 2 MiB aligned, `len` rounded up to 2 MiB, zeroed.
+#[no_mangle]
+pub extern "C" fn hps_arena_alloc(len: usize) -> *mut c_void {
+    let r = std::panic::catch_unwind(|| {
+        let h = ensure_instance()?;
+        h.alloc(len).map_err(|e| e.errno())
+    });
+    match r {
+        Ok(Ok(p)) => p as *mut c_void,
+        Ok(Err(e)) => {
+            set_errno(e);
+            std::ptr::null_mut()
+        }
+        Err(_) => {
+            set_errno(libc::EIO);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// Free an arena (`hps_arena_free`).
+#[no_mangle]
+pub extern "C" fn hps_arena_free(p: *mut c_void) -> c_int {
+    guarded(|| {
+        let Some(h) = current() else { return -(libc::EINVAL as i64) };
+        match h.free(p as *mut u8) {
+            Ok(()) => 0,
+            Err(e) => -(e.errno() as i64),
+        }
+    }) as c_int
+}
+
+/// Free the memory of `[p, p+len)` inside an arena, e.g. pages whose objects were compacted
+/// away (`hps_release`). Page aligned.
+#[no_mangle]
+pub extern "C" fn hps_release(p: *mut c_void, len: usize) -> c_int {
+    guarded(|| {
+        let Some(h) = current() else { return -(libc::EINVAL as i64) };
+        match h.release(p as usize, len) {
+            Ok(()) => 0,
+            Err(e) => -(e.errno() as i64),
+        }
+    }) as c_int
+}
+
+/// Hugepage-backed memory for hot objects, the compaction target (`hps_huge_alloc`).
+#[no_mangle]
+pub extern "C" fn hps_huge_alloc(len: usize) -> *mut c_void {
+    let r = std::panic::catch_unwind(|| {
+        let h = ensure_instance()?;
+        h.huge_alloc(len).map_err(|e| e.errno())
+    });
+    match r {
+        Ok(Ok(p)) => p as *mut c_void,
+        Ok(Err(e)) => {
+            set_errno(e);
+            std::ptr::null_mut()
+        }
+        Err(_) => {
+            set_errno(libc::EIO);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// Counters (`hps_stats`).
+///
+/// # Safety
+/// `out` must point to a writable `struct hps_stats`.
+#[no_mangle]
+pub unsafe extern "C" fn hps_stats(out: *mut HpsStatsC) -> c_int {
+    guarded(|| {
+        let Some(h) = current() else { return -(libc::EINVAL as i64) };
+        if out.is_null() {
+            return -(libc::EINVAL as i64);
+        }
+        let s = h.stats();
+        let c = HpsStatsC {
+            periods: s.tracker.periods,
+            armed_pages: s.tracker.armed_pages,
+            faults: s.tracker.faults,
+            promoted_regions: s.promoted_regions,
+            compacted_pages: s.compacted_pages,
+            notifications_sent: s.notifications_sent,
+            notifications_received: s.notifications_received,
+        };
+        // SAFETY: the caller guarantees out is writable.
+        unsafe { out.write(c) };
+        0
+    }) as c_int
+}
+
+/// The seed's page_acs report of this process's arenas into `buf` (NUL-terminated, truncated
+/// to `n`); returns the full length (`hps_page_acs`).
+///
+/// # Safety
+/// `buf` is NULL or writable for `n` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn hps_page_acs(buf: *mut c_char, n: usize) -> i64 {
+    guarded(|| {
+        let Some(h) = current() else { return -(libc::EINVAL as i64) };
+        let text = h.page_acs();
+        if !buf.is_null() && n > 0 {
+            let k = text.len().min(n - 1);
+            // SAFETY: k + 1 <= n bytes are writable.
+            unsafe {
+                std::ptr::copy_nonoverlapping(text.as_ptr(), buf as *mut u8, k);
+                buf.add(k).write(0);
+            }
+        }
+        text.len() as i64
+    })
+}

@@ -1,0 +1,44 @@
+//! The C API from a C program: compiled with `cc` against include/pagewise.h and linked with
+//! the static libpagewise.a.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+#[test]
+fn c_program_uses_the_hps_api() {
+    if pagewise_kernel::uffd::UffdBuilder::new().require(pagewise_kernel::uffd::feature::MINOR_SHMEM).open().is_err() {
+        eprintln!("skipped: userfaultfd MINOR_SHMEM unavailable");
+        return;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // `cargo test` does not build the staticlib of another package; build it (a no-op when
+    // `make test` already did).
+    let st = Command::new(&cargo)
+        .args(["build", "--release", "-p", "pagewise-capi"])
+        .current_dir(&root)
+        .status()
+        .expect("running cargo");
+    assert!(st.success(), "building libpagewise.a failed");
+    let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| root.join("target"));
+    let lib = target.join("release/libpagewise.a");
+    let out = std::env::temp_dir().join(format!("pw-hps-c-test-{}", std::process::id()));
+    let cc = Command::new("cc")
+        .args(["-std=c11", "-D_GNU_SOURCE", "-Wall", "-Werror", "-O1", "-I"])
+        .arg(root.join("include"))
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c/hps_test.c"))
+        .arg(&lib)
+        .args(["-lpthread", "-ldl", "-lm", "-lgcc_s", "-o"])
+        .arg(&out)
+        .output()
+        .expect("running cc");
+    assert!(cc.status.success(), "cc failed:\n{}", String::from_utf8_lossy(&cc.stderr));
+    let run = Command::new(&out).output().expect("running the C test");
+    let _ = std::fs::remove_file(&out);
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success() && stdout.contains("OK"),
+        "C test failed: {stdout}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
