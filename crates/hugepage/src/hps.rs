@@ -278,6 +278,13 @@ impl Hps {
             .find(|a| addr >= a.addr() && addr < a.addr() + a.len())
             .ok_or(pagewise_track::Error::NotTracked(addr))?;
         a.release(addr, len)?;
+        drop(arenas);
+        if let Some(r) = self.shared.tracker.range_of(addr) {
+            let first = r.page_of(addr);
+            for i in first..(first + len.div_ceil(PAGE)).min(r.pages()) {
+                r.reset_page(i);
+            }
+        }
         Ok(())
     }
 
@@ -328,10 +335,13 @@ impl Hps {
         active_pages(&self.shared)
     }
 
-    /// Run one tracking period now (in addition to the thread's).
+    /// Run one tracking period now, as the tracking thread does (arm, then classify what the
+    /// previous periods saw); returns the pages armed.
     pub fn run_period(&self) -> Result<usize> {
         let cfg = self.shared.cfg.lock().expect("cfg lock").clone();
-        Ok(self.shared.tracker.run_period(&plan_cfg(&cfg))?)
+        let armed = self.shared.tracker.run_period(&plan_cfg(&cfg))?;
+        classify(&self.shared, &cfg);
+        Ok(armed)
     }
 
     /// The decision step: fetch the active pages, decide per region, promote or compact.

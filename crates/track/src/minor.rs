@@ -31,6 +31,8 @@ pub struct TrackedRange {
     /// Armed while not resident: credited by `settle` if it became resident.
     absent: Box<[AtomicBool]>,
     absent_count: AtomicUsize,
+    /// Seen resident at an earlier arming: mincore(2) is skipped for runs of such pages.
+    known_resident: Box<[AtomicBool]>,
     modes: Box<[AtomicU8]>,
     cursor: AtomicUsize,
 }
@@ -47,6 +49,7 @@ impl TrackedRange {
             armed: (0..pages).map(|_| AtomicBool::new(false)).collect(),
             absent: (0..pages).map(|_| AtomicBool::new(false)).collect(),
             absent_count: AtomicUsize::new(0),
+            known_resident: (0..pages).map(|_| AtomicBool::new(false)).collect(),
             modes: (0..regions).map(|_| AtomicU8::new(RegionMode::Sample as u8)).collect(),
             cursor: AtomicUsize::new(0),
         }
@@ -87,10 +90,16 @@ impl TrackedRange {
         self.modes[region].store(mode as u8, Ordering::Relaxed);
     }
 
-    /// Forget page `i`'s history (after its contents moved away).
+    /// Forget page `i`'s history (after its contents moved away or were released).
     pub fn reset_page(&self, i: usize) {
         self.acs[i].store(0, Ordering::Relaxed);
         self.obs[i].store(0, Ordering::Relaxed);
+        self.known_resident[i].store(false, Ordering::Relaxed);
+    }
+
+    /// Index of the page holding `addr`.
+    pub fn page_of(&self, addr: usize) -> usize {
+        (addr - self.start) / PAGE
     }
 
     /// Forget every count.
@@ -201,11 +210,15 @@ impl MinorTracker {
     /// region being populated is not mistaken for an idle one.
     pub fn arm(&self, range: &TrackedRange, first: usize, count: usize) -> Result<()> {
         let t = Instant::now();
-        let mut resident = vec![0u8; count];
-        mem::mincore(range.start + first * PAGE, count * PAGE, &mut resident)?;
+        // Pages stay resident until released (which resets them), so residency is asked once.
+        let mut resident = vec![1u8; count];
+        if !(first..first + count).all(|i| range.known_resident[i].load(Ordering::Relaxed)) {
+            mem::mincore(range.start + first * PAGE, count * PAGE, &mut resident)?;
+        }
         for (k, i) in (first..first + count).enumerate() {
             range.obs[i].fetch_add(1, Ordering::Relaxed);
             if resident[k] & 1 != 0 {
+                range.known_resident[i].store(true, Ordering::Relaxed);
                 range.armed[i].store(true, Ordering::Release);
             } else if !range.absent[i].swap(true, Ordering::Relaxed) {
                 range.absent_count.fetch_add(1, Ordering::Relaxed);
