@@ -437,6 +437,19 @@ fn decode(msg: &UffdMsg) -> Event {
     }
 }
 
+/// UFFDIO_CONTINUE on a raw userfaultfd descriptor, for use inside a signal handler
+/// (UFFD_FEATURE_SIGBUS delivery): no allocation, no locks, returns 0 or the errno.
+pub fn continue_raw(fd: RawFd, addr: usize, len: usize, wake: bool) -> i32 {
+    let mut c =
+        UffdioContinue { range: UffdioRange { start: addr as u64, len: len as u64 }, mode: !wake as u64, mapped: 0 };
+    // SAFETY: c is a valid uffdio_continue; ioctl(2) is async-signal-safe.
+    if unsafe { libc::ioctl(fd, UFFDIO_CONTINUE as _, &mut c) } == 0 {
+        return 0;
+    }
+    // SAFETY: reading this thread's errno right after the call.
+    unsafe { *libc::__errno_location() }
+}
+
 impl AsRawFd for Uffd {
     fn as_raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()

@@ -24,7 +24,7 @@ pub mod plan;
 pub mod report;
 
 pub use arena::TrackedArena;
-pub use minor::{MinorTracker, TrackedRange, TrackerStats};
+pub use minor::{Delivery, MinorTracker, TrackedRange, TrackerStats};
 pub use plan::{PlanConfig, RegionMode};
 
 /// Base pages per 2 MiB region.

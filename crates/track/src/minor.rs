@@ -1,7 +1,12 @@
 //! The userfaultfd-minor backend: "clear the accessed bit" = drop the PTE, "the bit was set"
 //! = a minor fault arrived.
 //!
-//! One handler thread serves every fault (poll(2) on the userfaultfd, then UFFDIO_CONTINUE).
+//! Two ways to hear of a fault ([`Delivery`]): a handler thread reading the userfaultfd
+//! (poll(2), read, UFFDIO_CONTINUE; the faulting thread sleeps until the handler is scheduled),
+//! or UFFD_FEATURE_SIGBUS, where the kernel raises SIGBUS on the faulting thread and the
+//! signal handler counts and resolves the fault itself (no second thread, no context switch:
+//! on a loaded machine the handler thread can wait a whole scheduler slice per fault). The
+//! `hps-tracker-cost` experiment measures both; SIGBUS is the default.
 //! Ordering: a page's `armed` flag is set *before* its PTE is dropped, and the handler clears
 //! it with a swap, so a page touched by two threads at once is counted once per period and a
 //! fault can never be missed by the count (a fault only exists after the drop).
@@ -13,7 +18,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use pagewise_kernel::mem::{self, Advice};
-use pagewise_kernel::uffd::{feature, Event, RegisterMode, Uffd, UffdBuilder};
+use pagewise_kernel::uffd::{self, feature, Event, RegisterMode, Uffd, UffdBuilder};
 
 use crate::plan::{self, PlanConfig, RegionMode};
 use crate::{Error, Result, PAGE, PAGES_PER_REGION};
@@ -131,8 +136,72 @@ pub struct TrackerStats {
     pub handler_cpu_ns: u64,
 }
 
+/// How minor faults reach the tracker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// A dedicated thread reads fault messages from the userfaultfd.
+    HandlerThread,
+    /// SIGBUS on the faulting thread (UFFD_FEATURE_SIGBUS); one such tracker per process.
+    Sigbus,
+}
+
+const SLOTS: usize = 64;
+
+/// The SIGBUS handler's view of the tracked ranges: lock-free, because a signal handler may
+/// not take locks. A slot is published (range pointer, then bounds) before the range is
+/// registered, and retired (bounds cleared) before it is unregistered; retired ranges are kept
+/// alive until the tracker is dropped, so a handler racing with `untrack` never sees freed
+/// memory.
+struct Slot {
+    start: AtomicUsize,
+    end: AtomicUsize,
+    range: std::sync::atomic::AtomicPtr<TrackedRange>,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const EMPTY_SLOT: Slot = Slot {
+    start: AtomicUsize::new(0),
+    end: AtomicUsize::new(0),
+    range: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
+};
+static SIGBUS_SLOTS: [Slot; SLOTS] = [EMPTY_SLOT; SLOTS];
+static SIGBUS_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+static SIGBUS_OWNED: AtomicBool = AtomicBool::new(false);
+static SIGBUS_FAULTS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo to SA_SIGINFO handlers; si_addr is the fault.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    let page = addr & !(PAGE - 1);
+    for slot in &SIGBUS_SLOTS {
+        let (s, e) = (slot.start.load(Ordering::Acquire), slot.end.load(Ordering::Acquire));
+        if page >= s && page < e {
+            let r = slot.range.load(Ordering::Acquire);
+            if !r.is_null() {
+                // SAFETY: published ranges stay alive until the tracker is dropped (see Slot).
+                unsafe { &*r }.record_fault(page);
+                SIGBUS_FAULTS.fetch_add(1, Ordering::Relaxed);
+                // EEXIST means another thread's fault mapped it first: returning retries the
+                // access, which now succeeds.
+                let _ = uffd::continue_raw(SIGBUS_FD.load(Ordering::Acquire), page, PAGE, true);
+                return;
+            }
+        }
+    }
+    // Not a tracked page: a real bus error. Restore the default action; returning re-executes
+    // the access, which then terminates the process as it would have without us.
+    // SAFETY: sigaction(2) is async-signal-safe; SIG_DFL with an empty mask is well formed.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(sig, &sa, std::ptr::null_mut());
+    }
+}
+
 struct Inner {
     uffd: Uffd,
+    delivery: Delivery,
+    retired: Mutex<Vec<Arc<TrackedRange>>>,
     ranges: RwLock<Vec<Arc<TrackedRange>>>,
     stop: AtomicBool,
     periods: AtomicU64,
@@ -149,11 +218,44 @@ pub struct MinorTracker {
 }
 
 impl MinorTracker {
-    /// Open a userfaultfd with MINOR_SHMEM and start the handler thread.
+    /// A tracker with the faster delivery available: SIGBUS (see the module doc), or the
+    /// handler thread when this process already has a SIGBUS tracker or the kernel lacks
+    /// UFFD_FEATURE_SIGBUS.
     pub fn new() -> Result<Self> {
-        let uffd = UffdBuilder::new().require(feature::MINOR_SHMEM).nonblocking(true).open()?;
+        Self::with_delivery(Delivery::Sigbus).or_else(|_| Self::with_delivery(Delivery::HandlerThread))
+    }
+
+    /// Open a userfaultfd with MINOR_SHMEM and start hearing faults by `delivery`.
+    pub fn with_delivery(delivery: Delivery) -> Result<Self> {
+        let mut features = feature::MINOR_SHMEM;
+        if delivery == Delivery::Sigbus {
+            if SIGBUS_OWNED.swap(true, Ordering::AcqRel) {
+                return Err(Error::Kernel(pagewise_kernel::Error::Invalid(
+                    "only one SIGBUS-delivery tracker per process".into(),
+                )));
+            }
+            features |= feature::SIGBUS;
+        }
+        let uffd = match UffdBuilder::new().require(features).nonblocking(true).open() {
+            Ok(u) => u,
+            Err(e) => {
+                if delivery == Delivery::Sigbus {
+                    SIGBUS_OWNED.store(false, Ordering::Release);
+                }
+                return Err(e.into());
+            }
+        };
+        if delivery == Delivery::Sigbus {
+            SIGBUS_FD.store(uffd.as_raw_fd(), Ordering::Release);
+            if let Err(e) = pagewise_kernel::signal::install_handler(libc::SIGBUS, on_sigbus) {
+                SIGBUS_OWNED.store(false, Ordering::Release);
+                return Err(e.into());
+            }
+        }
         let inner = Arc::new(Inner {
             uffd,
+            delivery,
+            retired: Mutex::new(Vec::new()),
             ranges: RwLock::new(Vec::new()),
             stop: AtomicBool::new(false),
             periods: AtomicU64::new(0),
@@ -162,12 +264,22 @@ impl MinorTracker {
             arm_ns: AtomicU64::new(0),
             handler_cpu_ns: AtomicU64::new(0),
         });
-        let worker = inner.clone();
-        let handle = std::thread::Builder::new()
-            .name("pw-track-uffd".into())
-            .spawn(move || serve(&worker))
-            .map_err(|e| Error::Io { path: "thread spawn".into(), source: e })?;
-        Ok(MinorTracker { inner, handler: Mutex::new(Some(handle)) })
+        let handle = if delivery == Delivery::HandlerThread {
+            let worker = inner.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("pw-track-uffd".into())
+                    .spawn(move || serve(&worker))
+                    .map_err(|e| Error::Io { path: "thread spawn".into(), source: e })?,
+            )
+        } else {
+            None
+        };
+        Ok(MinorTracker { inner, handler: Mutex::new(handle) })
+    }
+
+    pub fn delivery(&self) -> Delivery {
+        self.inner.delivery
     }
 
     /// Start tracking `[start, start+len)` (a shared-memory mapping, page aligned).
@@ -177,8 +289,20 @@ impl MinorTracker {
                 "tracked range {start:#x}+{len:#x} is not page aligned"
             ))));
         }
-        self.inner.uffd.register(start, len, RegisterMode { minor: true, ..Default::default() })?;
         let range = Arc::new(TrackedRange::new(start, len));
+        if self.inner.delivery == Delivery::Sigbus {
+            let slot = SIGBUS_SLOTS
+                .iter()
+                .find(|s| s.range.load(Ordering::Acquire).is_null())
+                .ok_or_else(|| Error::Kernel(pagewise_kernel::Error::Invalid("too many tracked ranges".into())))?;
+            slot.range.store(Arc::as_ptr(&range) as *mut TrackedRange, Ordering::Release);
+            slot.start.store(start, Ordering::Release);
+            slot.end.store(start + len, Ordering::Release);
+        }
+        if let Err(e) = self.inner.uffd.register(start, len, RegisterMode { minor: true, ..Default::default() }) {
+            retire_slot(start);
+            return Err(e.into());
+        }
         self.inner.ranges.write().expect("ranges lock").push(range.clone());
         Ok(range)
     }
@@ -189,6 +313,10 @@ impl MinorTracker {
         let pos = ranges.iter().position(|r| r.start == start).ok_or(Error::NotTracked(start))?;
         let r = ranges.remove(pos);
         self.inner.uffd.unregister(r.start, r.len)?;
+        if self.inner.delivery == Delivery::Sigbus {
+            retire_slot(r.start);
+        }
+        self.inner.retired.lock().expect("retired lock").push(r);
         Ok(())
     }
 
@@ -279,7 +407,10 @@ impl MinorTracker {
         TrackerStats {
             periods: i.periods.load(Ordering::Relaxed),
             armed_pages: i.armed_pages.load(Ordering::Relaxed),
-            faults: i.faults.load(Ordering::Relaxed),
+            faults: match i.delivery {
+                Delivery::HandlerThread => i.faults.load(Ordering::Relaxed),
+                Delivery::Sigbus => SIGBUS_FAULTS.load(Ordering::Relaxed),
+            },
             arm_ns: i.arm_ns.load(Ordering::Relaxed),
             handler_cpu_ns: i.handler_cpu_ns.load(Ordering::Relaxed),
         }
@@ -294,9 +425,27 @@ impl Drop for MinorTracker {
         for r in self.ranges() {
             let _ = self.inner.uffd.unregister(r.start, r.len);
         }
+        if self.inner.delivery == Delivery::Sigbus {
+            for r in self.ranges() {
+                retire_slot(r.start);
+            }
+            let _ = pagewise_kernel::signal::reset_handler(libc::SIGBUS);
+            SIGBUS_FD.store(-1, Ordering::Release);
+            SIGBUS_OWNED.store(false, Ordering::Release);
+        }
         self.inner.stop.store(true, Ordering::Release);
         if let Some(h) = self.handler.lock().expect("handler lock").take() {
             let _ = h.join();
+        }
+    }
+}
+
+fn retire_slot(start: usize) {
+    for slot in &SIGBUS_SLOTS {
+        if slot.start.load(Ordering::Acquire) == start && !slot.range.load(Ordering::Acquire).is_null() {
+            slot.end.store(0, Ordering::Release);
+            slot.start.store(0, Ordering::Release);
+            slot.range.store(std::ptr::null_mut(), Ordering::Release);
         }
     }
 }
@@ -336,14 +485,36 @@ mod tests {
     use super::*;
     use crate::TrackedArena;
 
+    /// SIGBUS delivery is one per process: tests using it take turns.
+    static SIGBUS_TURN: Mutex<()> = Mutex::new(());
+
     #[test]
-    fn a_touch_after_arming_is_counted_once_and_data_survives() {
+    fn a_touch_after_arming_is_counted_once_and_data_survives_handler_thread() {
+        counted_once(Delivery::HandlerThread);
+    }
+
+    #[test]
+    fn a_touch_after_arming_is_counted_once_and_data_survives_sigbus() {
+        let _turn = SIGBUS_TURN.lock().unwrap_or_else(|e| e.into_inner());
+        counted_once(Delivery::Sigbus);
+        // The slot is free again for the next SIGBUS tracker.
+        assert!(MinorTracker::with_delivery(Delivery::Sigbus).is_ok());
+    }
+
+    #[test]
+    fn a_second_sigbus_tracker_is_refused() {
+        let _turn = SIGBUS_TURN.lock().unwrap_or_else(|e| e.into_inner());
+        let _a = MinorTracker::with_delivery(Delivery::Sigbus).unwrap();
+        assert!(MinorTracker::with_delivery(Delivery::Sigbus).is_err());
+    }
+
+    fn counted_once(delivery: Delivery) {
         let arena = TrackedArena::new("pw-minor-test", 2 << 20).unwrap();
         // SAFETY: our own arena.
         unsafe { mem::touch_pages(arena.addr(), arena.len()) };
         // SAFETY: as above.
         unsafe { (arena.addr() as *mut u64).add(512 * 3).write(77) };
-        let t = MinorTracker::new().unwrap();
+        let t = MinorTracker::with_delivery(delivery).unwrap();
         let r = t.track(arena.addr(), arena.len()).unwrap();
         t.arm(&r, 0, 16).unwrap();
         for _ in 0..3 {
@@ -363,5 +534,6 @@ mod tests {
         t.settle().unwrap();
         assert_eq!((r2.acs(0), r2.acs(1), r2.obs(1)), (0, 1, 1));
         assert!(t.stats().faults >= 1);
+        assert_eq!(t.delivery(), delivery);
     }
 }
