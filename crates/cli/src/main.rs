@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod doctor;
 mod eval;
+mod hps;
 
 /// Pagewise: five research memory-management systems on the kernel you already run.
 ///
@@ -21,6 +22,7 @@ struct Cli {
 enum Command {
     Doctor(doctor::Args),
     Eval(eval::Args),
+    Hps(hps::Args),
 }
 
 fn main() -> ExitCode {
@@ -28,6 +30,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Doctor(a) => doctor::run(a),
         Command::Eval(a) => eval::run(a),
+        Command::Hps(a) => hps::run(a),
     };
     match result {
         Ok(code) => code,
