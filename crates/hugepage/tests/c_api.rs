@@ -35,6 +35,21 @@ fn c_program_uses_the_hps_api() {
     assert!(cc.status.success(), "cc failed:\n{}", String::from_utf8_lossy(&cc.stderr));
     let run = Command::new(&out).output().expect("running the C test");
     let _ = std::fs::remove_file(&out);
+    // The README's example builds and runs too.
+    let ex = std::env::temp_dir().join(format!("pw-hps-c-example-{}", std::process::id()));
+    let cc = Command::new("cc")
+        .args(["-O2", "-Wall", "-Werror", "-I"])
+        .arg(root.join("include"))
+        .arg(root.join("examples/c/hps_example.c"))
+        .arg(&lib)
+        .args(["-lpthread", "-ldl", "-lm", "-lgcc_s", "-o"])
+        .arg(&ex)
+        .output()
+        .expect("running cc");
+    assert!(cc.status.success(), "cc failed on the example:\n{}", String::from_utf8_lossy(&cc.stderr));
+    let ex_run = Command::new(&ex).output().expect("running the example");
+    let _ = std::fs::remove_file(&ex);
+    assert!(ex_run.status.success() && String::from_utf8_lossy(&ex_run.stdout).contains("promoted "));
     let stdout = String::from_utf8_lossy(&run.stdout);
     assert!(
         run.status.success() && stdout.contains("OK"),
