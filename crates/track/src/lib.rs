@@ -17,15 +17,22 @@
 //! (round-robin over 2 MiB regions, a rotating chunk per region, whole regions only where the
 //! policy asked for page-exact counts, never a region already promoted). Counts are published
 //! in the seed's `/proc/PID/page_acs` layout by [`report`].
+//!
+//! A second backend, [`WriteTracker`], sees writes only but costs the application almost
+//! nothing: userfaultfd write-protection resolved in the kernel (WP_ASYNC) read back with
+//! PAGEMAP_SCAN. page_idle (the kernel's own accessed-bit interface) and soft-dirty are absent
+//! on the kernels this was built on, so no backend uses them.
 
 pub mod arena;
 pub mod minor;
 pub mod plan;
 pub mod report;
+pub mod wp_async;
 
 pub use arena::TrackedArena;
 pub use minor::{Delivery, MinorTracker, TrackedRange, TrackerStats};
 pub use plan::{PlanConfig, RegionMode};
+pub use wp_async::WriteTracker;
 
 /// Base pages per 2 MiB region.
 pub const PAGES_PER_REGION: usize = pagewise_kernel::mem::HUGE_PMD / PAGE;
