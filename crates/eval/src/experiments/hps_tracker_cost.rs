@@ -10,7 +10,8 @@
 //! 2. **Application throughput tracked vs untracked**: random one-line-per-page accesses over a
 //!    populated 256 MiB arena for 1.5 s, while a tracker arms a budget of pages every 20 ms
 //!    (the faults it causes land on the application), interleaved with untracked runs; for
-//!    both fault deliveries (handler thread, SIGBUS on the faulting thread).
+//!    both fault deliveries (handler thread, SIGBUS on the faulting thread), and for the
+//!    write-only backend (WP_ASYNC + PAGEMAP_SCAN) making a full pass every second.
 //! 3. **Periods to find a planted hot set**: 10% of the pages of a 64 MiB arena, scattered;
 //!    HPS's default tracking (chunk sampling, whole-region counting where activity shows); the
 //!    first period after which the active set has precision and recall ≥ 0.9.
@@ -24,7 +25,7 @@ use pagewise_hugepage::{Hps, HpsConfig};
 use pagewise_kernel::mem::{self, Advice};
 use pagewise_kernel::signal::thread_cpu_time;
 use pagewise_track::plan::PlanConfig;
-use pagewise_track::{Delivery, MinorTracker, TrackedArena, PAGE, PAGES_PER_REGION};
+use pagewise_track::{Delivery, MinorTracker, TrackedArena, WriteTracker, PAGE, PAGES_PER_REGION};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -35,6 +36,9 @@ pub struct HpsTrackerCost;
 
 const PAPER_MS_PER_GIB: f64 = 37.0;
 const INTERVAL: Duration = Duration::from_millis(20);
+/// The write-only backend makes a full pass per period; one a second keeps its kernel-resolved
+/// write-protect faults (one per written page per pass) a small share of the time.
+const WRITE_INTERVAL: Duration = Duration::from_secs(1);
 
 fn populate(a: &TrackedArena) -> anyhow::Result<()> {
     mem::madvise(a.addr(), a.len(), Advice::PopulateWrite)?;
@@ -123,6 +127,36 @@ fn app_throughput(
     Ok((order.len() * sets) as f64 / secs / 1e6)
 }
 
+/// As [`app_throughput`], with the write-only backend making a *full* pass (scan and
+/// re-protect every page) every second. A fresh tracker per run: userfaultfd ranges cannot be
+/// unregistered from the write tracker.
+fn write_tracked_throughput(a: &TrackedArena, order: &[u32], run_for: Duration) -> anyhow::Result<f64> {
+    populate(a)?;
+    let t = Arc::new(WriteTracker::new()?);
+    t.track(a.addr(), a.len())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (t2, s2) = (t.clone(), stop.clone());
+    let worker = std::thread::spawn(move || -> anyhow::Result<()> {
+        while !s2.load(Ordering::Acquire) {
+            std::thread::sleep(WRITE_INTERVAL);
+            t2.run_period()?;
+        }
+        Ok(())
+    });
+    let start = Instant::now();
+    let (mut sink, mut sets) = (0, 0);
+    while start.elapsed() < run_for {
+        sink ^= touch_all(a.addr(), order);
+        sets += 1;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    std::hint::black_box(sink);
+    stop.store(true, Ordering::Release);
+    worker.join().map_err(|_| anyhow::anyhow!("write tracker thread panicked"))??;
+    drop(t);
+    Ok((order.len() * sets) as f64 / secs / 1e6)
+}
+
 /// Microseconds the application loses per observed access (arm pages, touch each once).
 fn fault_cost_us(t: &MinorTracker) -> anyhow::Result<f64> {
     let a = TrackedArena::new("pagewise-track-fault", 32 << 20)?;
@@ -188,7 +222,7 @@ impl Experiment for HpsTrackerCost {
         );
         let reps = ctx.mode.pick(3, 5);
         let run_for = Duration::from_millis(ctx.mode.pick(1500, 5000));
-        ctx.start_progress((sizes.len() * reps * 3 + reps * 7 + reps) as u64, "tracker cost");
+        ctx.start_progress((sizes.len() * reps * 3 + reps * 8 + reps) as u64, "tracker cost");
         let tracker = Arc::new(MinorTracker::with_delivery(Delivery::Sigbus)?);
         let thread_tracker = Arc::new(MinorTracker::with_delivery(Delivery::HandlerThread)?);
         let mut report = Report::default();
@@ -263,8 +297,14 @@ impl Experiment for HpsTrackerCost {
         for d in [Delivery::Sigbus, Delivery::HandlerThread] {
             configs.extend(budgets.iter().map(|&b| Some((d, b))));
         }
+        // The write-only backend rides along as a last configuration (budget 0 = full pass).
+        let write_tracking = WriteTracker::new().is_ok();
+        if write_tracking {
+            configs.push(Some((Delivery::Sigbus, 0)));
+        }
         let tp = interleave(ctx, &configs, reps, |c, _| match c {
             None => app_throughput(&tracker, &arena, &order, run_for, None),
+            Some((_, 0)) => write_tracked_throughput(&arena, &order, run_for),
             Some((Delivery::Sigbus, b)) => app_throughput(&tracker, &arena, &order, run_for, Some(*b)),
             Some((Delivery::HandlerThread, b)) => app_throughput(&thread_tracker, &arena, &order, run_for, Some(*b)),
         })?;
@@ -282,6 +322,17 @@ impl Experiment for HpsTrackerCost {
             let Some((d, b)) = c else { continue };
             let m = Summary::of(&tp[i]).median;
             let r = ratio(m, untracked);
+            if *b == 0 {
+                t2.row([
+                    "WP_ASYNC + PAGEMAP_SCAN (writes only)".to_string(),
+                    "all pages (full pass)".into(),
+                    format!("{m:.1}"),
+                    format!("{r:.3}"),
+                    format!("{:.0} s (period)", WRITE_INTERVAL.as_secs_f64()),
+                ]);
+                report.figure("write_tracker_full_pass_throughput_ratio", r);
+                continue;
+            }
             if *d == Delivery::Sigbus && *b == steady_budget {
                 tracked_ratio = r;
             }
