@@ -609,11 +609,15 @@ fn try_promote(s: &Shared, addr: usize) -> Result<PromoteResult> {
             return Ok(PromoteResult::NoBudget);
         }
     }
+    // The guard judges the collapse by the CPU time of this thread, not wall time: what it
+    // must catch is the kernel compacting memory to find a hugepage (CPU work done in this
+    // thread), not this thread waiting for a CPU on a busy machine.
+    let cpu0 = signal::thread_cpu_time();
     let res = promote::collapse(addr);
+    let cpu = (signal::thread_cpu_time() - cpu0).as_nanos() as u64;
     let end = s.epoch.elapsed().as_nanos() as u64;
-    let took = end - now;
-    s.collapse_ns.fetch_add(took, Ordering::Relaxed);
-    s.backoff.lock().expect("backoff lock").record(end, took, res.is_ok());
+    s.collapse_ns.fetch_add(end - now, Ordering::Relaxed);
+    s.backoff.lock().expect("backoff lock").record(end, cpu, res.is_ok());
     match res {
         Ok(_) => {
             s.promoted.fetch_add(1, Ordering::Relaxed);

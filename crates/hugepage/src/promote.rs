@@ -4,7 +4,8 @@
 //! benchmark. MADV_COLLAPSE (Linux 6.1) collapses in the calling thread, on anonymous memory and
 //! on shmem/memfd alike, regardless of the THP sysfs mode ("madvise" here), so a hot region is
 //! PMD-mapped as soon as the decision is made. It can be slow when the kernel must compact to
-//! find a free 2 MiB page; [`crate::policy::Backoff`] turns that latency into a pause.
+//! find a free 2 MiB page; [`crate::policy::Backoff`] turns that latency (CPU time of the
+//! collapsing thread, so preemption on a busy machine is not mistaken for it) into a pause.
 
 use std::time::{Duration, Instant};
 

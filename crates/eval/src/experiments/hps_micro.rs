@@ -191,8 +191,9 @@ struct PatternResult {
     rss: Vec<Vec<f64>>,
 }
 
+/// Median of the second half of the rounds (every layout decision falls in the first few).
 fn steady(v: &[f64]) -> f64 {
-    let q = (v.len() / 4).max(1);
+    let q = (v.len() / 2).max(1);
     Summary::of(&v[v.len() - q..]).median
 }
 
@@ -387,8 +388,8 @@ impl Experiment for HpsMicro {
         report.data =
             json!({ "size_bytes": size, "rounds": rounds, "sets_per_round": SETS_PER_ROUND, "patterns": data });
         report.note(
-            "Steady state = median of the last quarter of rounds; HPS / THP is the median of the per-round paired \
-             ratio over that quarter (the configurations of a round run back to back). Rounds to steady = the last \
+            "Steady state = median of the second half of the rounds; HPS / THP is the median of the per-round paired \
+             ratio over that half (the configurations of a round run back to back). Rounds to steady = the last \
              round in which HPS promoted or compacted anything (its layout is final from then on); the next column \
              checks it with the median paired ratio over the 10 rounds after. The first 5-round window whose median \
              paired ratio reaches 0.98 × the steady one is shown too (noisy: rounds last milliseconds here). RSS increase is judged on skewed and \
