@@ -39,8 +39,8 @@ impl HugeArena {
         HugeArena { chunks: Vec::new() }
     }
 
-    /// Allocate `len` bytes (rounded up to 4 KiB), page aligned. `hugepages_needed` tells how
-    /// many new hugepages the call would map, so the caller can ask the budget first.
+    /// Allocate `len` bytes (rounded up to 4 KiB), page aligned; [`HugeArena::hugepages_needed`]
+    /// tells how many new hugepages the call would map, so the caller can ask the budget first.
     pub fn alloc(&mut self, len: usize) -> Result<*mut u8> {
         let len = align_up(len.max(1), 4096);
         if let Some(c) = self.chunks.last_mut() {

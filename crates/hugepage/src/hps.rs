@@ -263,9 +263,7 @@ impl Hps {
         let mut arenas = self.shared.arenas.lock().expect("arenas lock");
         let pos = arenas.iter().position(|a| a.addr() == addr).ok_or(pagewise_track::Error::NotTracked(addr))?;
         self.shared.tracker.untrack(addr)?;
-        let regions = arenas[pos].len() / HUGE_PMD;
         drop(arenas.remove(pos));
-        let _ = regions;
         Ok(())
     }
 
@@ -323,7 +321,9 @@ impl Hps {
         self.shared.tracking.load(Ordering::Acquire)
     }
 
-    /// Install (or clear) the application's decide and compact functions.
+    /// Install (or clear) the application's decide and compact functions. They run in the
+    /// thread doing the decision step and must not call `process`, `wait_signal` or
+    /// `set_functions` themselves (they may call `huge_alloc` and `release`).
     pub fn set_functions(&self, decide: Option<DecideFn>, compact: Option<CompactFn>) {
         let mut cb = self.shared.callbacks.lock().expect("callbacks lock");
         cb.decide = decide;
@@ -354,6 +354,9 @@ impl Hps {
     /// `None` on timeout. The first call blocks the signal in the calling thread, so
     /// notifications arriving while the step runs stay queued for the next call.
     pub fn wait_signal(&self, timeout: Option<Duration>) -> Result<Option<u64>> {
+        if self.shared.cfg.lock().expect("cfg lock").notify != Notify::Wait {
+            return Err(Error::Invalid("wait_signal needs Notify::Wait (HPS_NOTIFY_WAIT)".into()));
+        }
         let sig = self.shared.sig;
         if !BLOCKED.with(|b| b.get()) {
             signal::set_thread_blocked(sig, true)?;
