@@ -147,3 +147,76 @@ pub fn run_experiment(exp: &dyn Experiment, mode: Mode, out_root: &Path, quiet: 
     write_svg(&out_dir.join("plot.svg"), &report.plots)?;
     Ok(markdown)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Plot, Summary, Table};
+
+    /// A real, tiny experiment: copying 1 MiB vs 4 MiB, to check what the harness writes.
+    struct CopyTiny;
+
+    impl Experiment for CopyTiny {
+        fn name(&self) -> &'static str {
+            "copy-tiny"
+        }
+        fn description(&self) -> &'static str {
+            "memcpy of 1 MiB vs 4 MiB"
+        }
+        fn run(&self, ctx: &mut Context) -> anyhow::Result<Report> {
+            let sizes = [1usize << 20, 4 << 20];
+            ctx.start_progress(6, "copy");
+            let times = interleave(ctx, &sizes, 3, |&n, _| {
+                let src = vec![1u8; n];
+                let mut dst = vec![0u8; n];
+                let t = Instant::now();
+                dst.copy_from_slice(&src);
+                std::hint::black_box(&dst);
+                Ok(t.elapsed().as_secs_f64() * 1e6)
+            })?;
+            let mut report = Report::default();
+            let mut table = Table::new(["size", "µs"]);
+            let mut plot = Plot::new("copy", "MiB", "µs");
+            let mut pts = Vec::new();
+            for (i, &n) in sizes.iter().enumerate() {
+                let s = Summary::of(&times[i]);
+                table.row([format!("{}", n >> 20), s.display(1)]);
+                pts.push(((n >> 20) as f64, s.median));
+            }
+            plot.series("memcpy", pts);
+            report.figure("small_vs_large", Summary::of(&times[0]).median / Summary::of(&times[1]).median);
+            report.table("", table);
+            report.plots.push(plot);
+            Ok(report)
+        }
+    }
+
+    #[test]
+    fn writes_result_json_table_and_svg() {
+        let dir = std::env::temp_dir().join(format!("pw-harness-{}", std::process::id()));
+        let md = run_experiment(&CopyTiny, Mode::Quick, &dir, true).unwrap();
+        assert!(md.contains("| size |"));
+        let out = dir.join("copy-tiny");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("result.json")).unwrap()).unwrap();
+        assert!(json["summary"]["small_vs_large"].as_f64().unwrap() > 0.0);
+        assert_eq!(json["mode"], "quick");
+        assert!(std::fs::read_to_string(out.join("table.md")).unwrap().contains("small_vs_large"));
+        assert!(std::fs::read_to_string(out.join("plot.svg")).unwrap().contains("<svg"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn interleaves_configurations() {
+        let dir = std::env::temp_dir();
+        let ctx = Context { mode: Mode::Quick, out_dir: dir, progress: ProgressBar::hidden() };
+        let mut order = Vec::new();
+        let out = interleave(&ctx, &['a', 'b'], 3, |c, rep| {
+            order.push((*c, rep));
+            Ok(rep)
+        })
+        .unwrap();
+        assert_eq!(order, vec![('a', 0), ('b', 0), ('a', 1), ('b', 1), ('a', 2), ('b', 2)]);
+        assert_eq!(out, vec![vec![0, 1, 2], vec![0, 1, 2]]);
+    }
+}

@@ -106,7 +106,7 @@ fn check_range(addr: usize, len: usize) -> Result<()> {
     if len == 0 {
         return Err(Error::Invalid("zero-length memory range".into()));
     }
-    if addr % page_size() != 0 {
+    if !addr.is_multiple_of(page_size()) {
         return Err(Error::Invalid(format!("address {addr:#x} is not page-aligned")));
     }
     Ok(())
@@ -201,7 +201,7 @@ impl Mapping {
             return Err(Error::Invalid("cannot map zero bytes".into()));
         }
         let unit = opts.hugetlb.unwrap_or_else(page_size);
-        if !unit.is_power_of_two() || len % unit != 0 {
+        if !unit.is_power_of_two() || !len.is_multiple_of(unit) {
             return Err(Error::Invalid(format!("length {len} is not a multiple of the page size {unit}")));
         }
         let align = opts.align.unwrap_or(unit).max(unit);
@@ -329,7 +329,7 @@ impl Mapping {
 
     /// Grow or shrink in place or by moving (mremap with MREMAP_MAYMOVE).
     pub fn remap(&mut self, new_len: usize) -> Result<()> {
-        if new_len == 0 || new_len % page_size() != 0 {
+        if new_len == 0 || !new_len.is_multiple_of(page_size()) {
             return Err(Error::Invalid(format!("new length {new_len} is not a positive page multiple")));
         }
         // SAFETY: we own the mapping; MAYMOVE lets the kernel pick a new place and we update ptr.

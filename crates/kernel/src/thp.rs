@@ -106,6 +106,20 @@ pub fn mthp_sizes() -> Result<Vec<MthpSize>> {
     Ok(sizes)
 }
 
+/// Set one mTHP size's anonymous (`shmem: false`) or shmem `enabled` selector under `guard`.
+pub fn set_mthp(guard: &SettingsGuard, bytes: u64, shmem: bool, value: &str) -> Result<()> {
+    let path = Path::new(THP_DIR).join(format!("hugepages-{}kB", bytes / 1024)).join(if shmem {
+        "shmem_enabled"
+    } else {
+        "enabled"
+    });
+    let current = read_selector(&path)?;
+    if !current.choices.iter().any(|c| c == value) {
+        return Err(Error::Invalid(format!("{value:?} is not one of {:?} for {}", current.choices, path.display())));
+    }
+    guard.write(path, value)
+}
+
 /// `hugepages-2048kB` -> 2048.
 pub fn parse_size_dir(name: &str) -> Option<u64> {
     name.strip_prefix("hugepages-")?.strip_suffix("kB")?.parse().ok()

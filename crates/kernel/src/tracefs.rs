@@ -196,9 +196,7 @@ pub fn parse_trace_line(line: &str) -> Option<TraceEvent> {
     let pid: i32 = pid.trim().parse().ok()?;
     // After "] ": optional irq-flags field, then "TIMESTAMP: NAME: BODY".
     let rest = line[open + 2..].trim_start();
-    let mut parts = rest.splitn(2, ": ");
-    let before = parts.next()?;
-    let after = parts.next()?;
+    let (before, after) = rest.split_once(": ")?;
     let timestamp: f64 = before.split_whitespace().last()?.parse().ok()?;
     let (name, body) = after.split_once(": ").unwrap_or((after.trim_end_matches(':'), ""));
     Some(TraceEvent {

@@ -31,7 +31,7 @@ const UFFDIO_ZEROPAGE: u64 = iowr(0x04, 32);
 const UFFDIO_WRITEPROTECT: u64 = iowr(0x06, 24);
 const UFFDIO_CONTINUE: u64 = iowr(0x07, 32);
 /// `_IO(0xAA, 0x00)` on /dev/userfaultfd.
-const USERFAULTFD_IOC_NEW: u64 = (UFFDIO << 8) | 0x00;
+const USERFAULTFD_IOC_NEW: u64 = UFFDIO << 8;
 
 /// Feature bits of the API handshake.
 pub mod feature {
