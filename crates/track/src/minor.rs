@@ -284,7 +284,7 @@ impl MinorTracker {
 
     /// Start tracking `[start, start+len)` (a shared-memory mapping, page aligned).
     pub fn track(&self, start: usize, len: usize) -> Result<Arc<TrackedRange>> {
-        if len == 0 || start % PAGE != 0 || len % PAGE != 0 {
+        if len == 0 || !start.is_multiple_of(PAGE) || !len.is_multiple_of(PAGE) {
             return Err(Error::Kernel(pagewise_kernel::Error::Invalid(format!(
                 "tracked range {start:#x}+{len:#x} is not page aligned"
             ))));

@@ -46,7 +46,7 @@ impl WriteTracker {
 
     /// Track writes to `[start, start+len)` from now on.
     pub fn track(&self, start: usize, len: usize) -> Result<()> {
-        if len == 0 || start % PAGE != 0 || len % PAGE != 0 {
+        if len == 0 || !start.is_multiple_of(PAGE) || !len.is_multiple_of(PAGE) {
             return Err(Error::Kernel(pagewise_kernel::Error::Invalid(format!(
                 "tracked range {start:#x}+{len:#x} is not page aligned"
             ))));
