@@ -14,7 +14,8 @@
 //!    write-only backend (WP_ASYNC + PAGEMAP_SCAN) making a full pass every second.
 //! 3. **Periods to find a planted hot set**: 10% of the pages of a 64 MiB arena, scattered;
 //!    HPS's default tracking (chunk sampling, whole-region counting where activity shows); the
-//!    first period after which the active set has precision and recall ≥ 0.9.
+//!    first period after which the active set has precision and recall ≥ 0.9 — next to whole-
+//!    region rotation at the same pages per period, with the pages armed and faults taken.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -175,10 +176,20 @@ fn fault_cost_us(t: &MinorTracker) -> anyhow::Result<f64> {
 }
 
 /// Periods until the active set matches a planted scattered hot set (P and R ≥ 0.9).
-fn periods_to_find(seed: u64, max_periods: usize) -> anyhow::Result<(usize, f64, f64)> {
-    let hps = Hps::start(HpsConfig { publish: false, ..Default::default() })?;
-    hps.set_tracking(false);
+/// What finding the hot set took: periods, precision, recall, pages armed, faults taken.
+type Found = (usize, f64, f64, u64, u64);
+
+/// `rotation`: arm whole regions, 1/8 of them per period (the same pages per period as the
+/// default's 1/8 chunk of every region) instead of HPS's chunk sampling.
+fn periods_to_find(seed: u64, max_periods: usize, rotation: bool) -> anyhow::Result<Found> {
     let len = 64 << 20;
+    let mut cfg = HpsConfig { publish: false, ..Default::default() };
+    if rotation {
+        cfg.sample_pages = PAGES_PER_REGION;
+        cfg.budget_pages = len / PAGE / 8;
+    }
+    let hps = Hps::start(cfg)?;
+    hps.set_tracking(false);
     let base = hps.alloc(len)? as usize;
     mem::madvise(base, len, Advice::PopulateWrite)?;
     let pages = len / PAGE;
@@ -200,10 +211,12 @@ fn periods_to_find(seed: u64, max_periods: usize) -> anyhow::Result<(usize, f64,
         let (p, r) = (ratio(tp, found.len() as f64), tp / hot.len() as f64);
         last = (p, r);
         if p >= 0.9 && r >= 0.9 {
-            return Ok((period, p, r));
+            let st = hps.stats().tracker;
+            return Ok((period, p, r, st.armed_pages, st.faults));
         }
     }
-    Ok((max_periods + 1, last.0, last.1))
+    let st = hps.stats().tracker;
+    Ok((max_periods + 1, last.0, last.1, st.armed_pages, st.faults))
 }
 
 impl Experiment for HpsTrackerCost {
@@ -360,20 +373,34 @@ impl Experiment for HpsTrackerCost {
         // 3. Periods to find a planted hot set.
         ctx.message("finding a planted hot set");
         let mut found = Vec::new();
+        let mut rotated = Vec::new();
         for rep in 0..reps {
-            found.push(periods_to_find(rep as u64 + 11, 20)?);
+            found.push(periods_to_find(rep as u64 + 11, 20, false)?);
+            rotated.push(periods_to_find(rep as u64 + 11, 20, true)?);
             ctx.tick();
         }
         let periods: Vec<f64> = found.iter().map(|f| f.0 as f64).collect();
         let worst = periods.iter().cloned().fold(0.0, f64::max);
-        report.table("Planted hot set (10% of 64 MiB, scattered)", {
-            let mut t = Table::new(["run", "periods to P,R ≥ 0.9", "precision", "recall"]);
-            for (i, f) in found.iter().enumerate() {
-                t.row([(i + 1).to_string(), f.0.to_string(), format!("{:.3}", f.1), format!("{:.3}", f.2)]);
+        report.table("Planted hot set (10% of 64 MiB, scattered): periods until precision and recall ≥ 0.9", {
+            let mut t = Table::new(["run", "sampling", "periods", "precision", "recall", "pages armed", "faults"]);
+            for (i, (f, g)) in found.iter().zip(&rotated).enumerate() {
+                for (name, x) in [
+                    ("1/8 chunk of every region, whole regions where active (HPS)", f),
+                    ("whole regions, 1/8 of them per period", g),
+                ] {
+                    t.row([
+                        (i + 1).to_string(),
+                        name.to_string(),
+                        x.0.to_string(),
+                        format!("{:.3}", x.1),
+                        format!("{:.3}", x.2),
+                        x.3.to_string(),
+                        x.4.to_string(),
+                    ]);
+                }
             }
             t
         });
-
         report.figure("ms_per_gib", ms_per_gib);
         report.figure("cost_vs_sweep_floor", cost_vs_floor);
         report.figure("tracked_throughput_ratio", tracked_ratio);
@@ -381,7 +408,8 @@ impl Experiment for HpsTrackerCost {
         report.figure("paper_ms_per_gib", PAPER_MS_PER_GIB);
         report.data = json!({
             "sizes": size_data, "reps": reps, "budgets": budgets, "fault_us_sigbus": fault_us, "fault_us_thread": thread_fault_us, "throughput": tp, "run_ms": run_for.as_millis() as u64,
-            "periods_to_find": found.iter().map(|f| json!({"periods": f.0, "precision": f.1, "recall": f.2})).collect::<Vec<_>>(),
+            "periods_to_find": found.iter().map(|f| json!({"periods": f.0, "precision": f.1, "recall": f.2, "armed": f.3, "faults": f.4})).collect::<Vec<_>>(),
+            "periods_to_find_rotation": rotated.iter().map(|f| json!({"periods": f.0, "precision": f.1, "recall": f.2, "armed": f.3, "faults": f.4})).collect::<Vec<_>>(),
         });
         report.note(
             "ms_per_gib and cost_vs_sweep_floor: HPS's default pass (1/8 chunk per region per period, 8 periods) at \
