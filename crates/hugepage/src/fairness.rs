@@ -12,6 +12,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
 use crate::{Error, Result};
@@ -103,17 +104,29 @@ impl Budget {
         if let Some(dir) = self.path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| self.io(e))?;
         }
-        let mut file: File = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&self.path)
-            .map_err(|e| self.io(e))?;
-        // SAFETY: flock on an fd we own; the lock is released when the file closes.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(self.io(std::io::Error::last_os_error()));
-        }
+        // The last process to leave unlinks the table; a process that opened the old file
+        // before that and then got the lock must not write into the unlinked inode, so it
+        // checks that the path still names the file it locked, and retries otherwise.
+        let mut file = loop {
+            let file: File = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&self.path)
+                .map_err(|e| self.io(e))?;
+            // SAFETY: flock on an fd we own; the lock is released when the file closes.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+                return Err(self.io(std::io::Error::last_os_error()));
+            }
+            let same = match (file.metadata(), std::fs::metadata(&self.path)) {
+                (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
+                _ => false,
+            };
+            if same {
+                break file;
+            }
+        };
         let mut text = String::new();
         file.read_to_string(&mut text).map_err(|e| self.io(e))?;
         let mut entries: Vec<Entry> =
@@ -134,6 +147,11 @@ impl Budget {
         let share = shares_of(&entries)[idx];
         if me.used == 0 && me.demand == 0 {
             entries.remove(idx);
+        }
+        if entries.is_empty() {
+            // Nobody uses HPS any more: leave nothing behind (still under the lock).
+            std::fs::remove_file(&self.path).map_err(|e| self.io(e))?;
+            return Ok((r, share, me.used));
         }
         file.set_len(0).map_err(|e| self.io(e))?;
         file.seek(SeekFrom::Start(0)).map_err(|e| self.io(e))?;
@@ -250,7 +268,7 @@ mod tests {
         assert_eq!(a.status().unwrap(), (10, 5));
         assert!(a.try_take(5).unwrap());
         a.leave().unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
+        assert!(!path.exists(), "the last process to leave removes the table");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -200,3 +200,33 @@ fn handler_mode_counts_every_notification_and_tracking_restarts() {
     assert!(hps.stats().tracker.periods > p0);
     hps.set_tracking(false);
 }
+
+#[test]
+fn the_host_budget_caps_promotions_and_the_rest_falls_back_to_observation() {
+    let Some(hps) = manual(HpsConfig { publish: false, host_hugepages: Some(1), ..Default::default() }) else {
+        return;
+    };
+    let len = 4 << 20;
+    let base = hps.alloc(len).unwrap() as usize;
+    for _ in 0..2 {
+        for p in 0..len / PAGE {
+            touch(base + p * PAGE);
+        }
+        hps.run_period().unwrap();
+    }
+    for p in 0..len / PAGE {
+        touch(base + p * PAGE);
+    }
+    let out = hps.process().unwrap();
+    // One hugepage in the whole host budget: one region promoted, the other is not.
+    assert_eq!(out.promoted, 1, "{out:?}");
+    assert_eq!(pmd_mapped_bytes(base).unwrap(), HUGE_PMD as u64);
+    let me = std::process::id().to_string();
+    let table = std::fs::read_to_string(pagewise_hugepage::fairness::default_path()).unwrap();
+    let mine: Vec<&str> = table.lines().filter(|l| l.split_whitespace().next() == Some(me.as_str())).collect();
+    assert_eq!(mine.len(), 1, "{table}");
+    assert_eq!(mine[0].split_whitespace().nth(1), Some("1"), "one hugepage used: {table}");
+    drop(hps);
+    let table = std::fs::read_to_string(pagewise_hugepage::fairness::default_path()).unwrap_or_default();
+    assert!(!table.lines().any(|l| l.split_whitespace().next() == Some(me.as_str())), "left the table: {table}");
+}
