@@ -8,10 +8,10 @@
 //!    region over 8 periods (8× the madvise calls, same PTEs). CPU time of the arming thread
 //!    (CLOCK_THREAD_CPUTIME_ID). Each pass starts from fully mapped memory.
 //! 2. **Application throughput tracked vs untracked**: random one-line-per-page accesses over a
-//!    populated 256 MiB arena for 1.5 s, while a tracker arms a budget of pages every 20 ms
+//!    populated 256 MiB arena, in alternating 250 ms segments, while a tracker arms a budget of pages every 20 ms
 //!    (the faults it causes land on the application), interleaved with untracked runs; for
 //!    both fault deliveries (handler thread, SIGBUS on the faulting thread), and for the
-//!    write-only backend (WP_ASYNC + PAGEMAP_SCAN) making a full pass every second.
+//!    write-only backend (WP_ASYNC + PAGEMAP_SCAN) making one full pass per segment.
 //! 3. **Periods to find a planted hot set**: 10% of the pages of a 64 MiB arena, scattered;
 //!    HPS's default tracking (chunk sampling, whole-region counting where activity shows); the
 //!    first period after which the active set has precision and recall ≥ 0.9 — next to whole-
@@ -37,9 +37,6 @@ pub struct HpsTrackerCost;
 
 const PAPER_MS_PER_GIB: f64 = 37.0;
 const INTERVAL: Duration = Duration::from_millis(20);
-/// The write-only backend makes a full pass per period; one a second keeps its kernel-resolved
-/// write-protect faults (one per written page per pass) a small share of the time.
-const WRITE_INTERVAL: Duration = Duration::from_secs(1);
 
 fn populate(a: &TrackedArena) -> anyhow::Result<()> {
     mem::madvise(a.addr(), a.len(), Advice::PopulateWrite)?;
@@ -128,22 +125,14 @@ fn app_throughput(
     Ok((order.len() * sets) as f64 / secs / 1e6)
 }
 
-/// As [`app_throughput`], with the write-only backend making a *full* pass (scan and
-/// re-protect every page) every second. A fresh tracker per run: userfaultfd ranges cannot be
-/// unregistered from the write tracker.
+/// As [`app_throughput`], with the write-only backend: the segment starts with every page
+/// write-protected (one full pass), so each page's first write in the segment takes a
+/// kernel-resolved write-protect fault, and a PAGEMAP_SCAN at the end collects them. A fresh
+/// tracker per segment: ranges cannot be unregistered from the write tracker.
 fn write_tracked_throughput(a: &TrackedArena, order: &[u32], run_for: Duration) -> anyhow::Result<f64> {
     populate(a)?;
-    let t = Arc::new(WriteTracker::new()?);
+    let t = WriteTracker::new()?;
     t.track(a.addr(), a.len())?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let (t2, s2) = (t.clone(), stop.clone());
-    let worker = std::thread::spawn(move || -> anyhow::Result<()> {
-        while !s2.load(Ordering::Acquire) {
-            std::thread::sleep(WRITE_INTERVAL);
-            t2.run_period()?;
-        }
-        Ok(())
-    });
     let start = Instant::now();
     let (mut sink, mut sets) = (0, 0);
     while start.elapsed() < run_for {
@@ -152,9 +141,8 @@ fn write_tracked_throughput(a: &TrackedArena, order: &[u32], run_for: Duration) 
     }
     let secs = start.elapsed().as_secs_f64();
     std::hint::black_box(sink);
-    stop.store(true, Ordering::Release);
-    worker.join().map_err(|_| anyhow::anyhow!("write tracker thread panicked"))??;
-    drop(t);
+    let written = t.run_period()?;
+    anyhow::ensure!(written == order.len(), "write tracking saw {written} of {} written pages", order.len());
     Ok((order.len() * sets) as f64 / secs / 1e6)
 }
 
@@ -234,8 +222,8 @@ impl Experiment for HpsTrackerCost {
             vec![64 << 20, 256 << 20, 1 << 30, 4 << 30, 8 << 30, 16 << 30],
         );
         let reps = ctx.mode.pick(3, 5);
-        let run_for = Duration::from_millis(ctx.mode.pick(1500, 5000));
-        ctx.start_progress((sizes.len() * reps * 3 + reps * 8 + reps) as u64, "tracker cost");
+        let run_for = Duration::from_millis(ctx.mode.pick(250, 500));
+        ctx.start_progress((sizes.len() * reps * 3 + 7 + reps) as u64, "tracker cost");
         let tracker = Arc::new(MinorTracker::with_delivery(Delivery::Sigbus)?);
         let thread_tracker = Arc::new(MinorTracker::with_delivery(Delivery::HandlerThread)?);
         let mut report = Report::default();
@@ -315,12 +303,35 @@ impl Experiment for HpsTrackerCost {
         if write_tracking {
             configs.push(Some((Delivery::Sigbus, 0)));
         }
-        let tp = interleave(ctx, &configs, reps, |c, _| match c {
-            None => app_throughput(&tracker, &arena, &order, run_for, None),
-            Some((_, 0)) => write_tracked_throughput(&arena, &order, run_for),
-            Some((Delivery::Sigbus, b)) => app_throughput(&tracker, &arena, &order, run_for, Some(*b)),
-            Some((Delivery::HandlerThread, b)) => app_throughput(&thread_tracker, &arena, &order, run_for, Some(*b)),
-        })?;
+        // Tracked and untracked segments alternate (U T, T U, …) and each pair gives a ratio:
+        // load from elsewhere on this shared machine changes over seconds, so only closely
+        // paired segments compare like with like.
+        let pairs = ctx.mode.pick(10, 20);
+        let mut tp: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+        let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+        for (ci, c) in configs.iter().enumerate().skip(1) {
+            for i in 0..pairs {
+                let tracked = || match c {
+                    Some((_, 0)) => write_tracked_throughput(&arena, &order, run_for),
+                    Some((Delivery::Sigbus, b)) => app_throughput(&tracker, &arena, &order, run_for, Some(*b)),
+                    Some((Delivery::HandlerThread, b)) => {
+                        app_throughput(&thread_tracker, &arena, &order, run_for, Some(*b))
+                    }
+                    None => unreachable!("config 0 is the untracked one"),
+                };
+                let (u, t) = if i % 2 == 0 {
+                    let u = app_throughput(&tracker, &arena, &order, run_for, None)?;
+                    (u, tracked()?)
+                } else {
+                    let t = tracked()?;
+                    (app_throughput(&tracker, &arena, &order, run_for, None)?, t)
+                };
+                tp[0].push(u);
+                tp[ci].push(t);
+                ratios[ci].push(ratio(t, u));
+            }
+            ctx.tick();
+        }
         let untracked = Summary::of(&tp[0]).median;
         let mut t2 = Table::new([
             "fault delivery",
@@ -334,14 +345,14 @@ impl Experiment for HpsTrackerCost {
         for (i, c) in configs.iter().enumerate().skip(1) {
             let Some((d, b)) = c else { continue };
             let m = Summary::of(&tp[i]).median;
-            let r = ratio(m, untracked);
+            let r = Summary::of(&ratios[i]).median;
             if *b == 0 {
                 t2.row([
                     "WP_ASYNC + PAGEMAP_SCAN (writes only)".to_string(),
-                    "all pages (full pass)".into(),
+                    "all pages, one pass per segment".into(),
                     format!("{m:.1}"),
                     format!("{r:.3}"),
-                    format!("{:.0} s (period)", WRITE_INTERVAL.as_secs_f64()),
+                    format!("{} ms", run_for.as_millis()),
                 ]);
                 report.figure("write_tracker_full_pass_throughput_ratio", r);
                 continue;
@@ -358,9 +369,13 @@ impl Experiment for HpsTrackerCost {
         }
         report.table(
             format!(
-                "Random page accesses over 256 MiB while tracked (median); an observed access costs {:.1} µs with \
+                "Random page accesses over 256 MiB, tracked vs untracked in {pairs} alternating pairs of {} ms segments \
+                 (median Mpages/s, median of the paired ratios); an observed access costs {:.1} µs with \
                  SIGBUS, {:.1} µs with the handler thread; steady budget = 5% of 20 ms / {:.1} µs = {steady_budget} pages",
-                fault_us.median, thread_fault_us.median, fault_us.median
+                run_for.as_millis(),
+                fault_us.median,
+                thread_fault_us.median,
+                fault_us.median
             ),
             t2,
         );
@@ -407,7 +422,7 @@ impl Experiment for HpsTrackerCost {
         report.figure("periods_to_find", worst);
         report.figure("paper_ms_per_gib", PAPER_MS_PER_GIB);
         report.data = json!({
-            "sizes": size_data, "reps": reps, "budgets": budgets, "fault_us_sigbus": fault_us, "fault_us_thread": thread_fault_us, "throughput": tp, "run_ms": run_for.as_millis() as u64,
+            "sizes": size_data, "reps": reps, "budgets": budgets, "paired_ratios": ratios, "fault_us_sigbus": fault_us, "fault_us_thread": thread_fault_us, "throughput": tp, "run_ms": run_for.as_millis() as u64,
             "periods_to_find": found.iter().map(|f| json!({"periods": f.0, "precision": f.1, "recall": f.2, "armed": f.3, "faults": f.4})).collect::<Vec<_>>(),
             "periods_to_find_rotation": rotated.iter().map(|f| json!({"periods": f.0, "precision": f.1, "recall": f.2, "armed": f.3, "faults": f.4})).collect::<Vec<_>>(),
         });
