@@ -198,6 +198,50 @@ impl MemCgroup {
         }
     }
 
+    /// Kernel memory charged to the group, in bytes: v1 memory.kmem.usage_in_bytes (slab and
+    /// other kernel allocations; v1 has no slab split in memory.stat), v2 memory.stat's
+    /// `slab_reclaimable`.
+    pub fn slab_bytes(&self) -> Result<u64> {
+        match self.version {
+            Version::V1 => read_u64(self.file("memory.kmem.usage_in_bytes")),
+            Version::V2 => Ok(self.stat()?.get("slab_reclaimable").copied().unwrap_or(0)),
+        }
+    }
+
+    /// Reclaim about `bytes` from the group in the caller's context (so on the calling
+    /// thread's CPU) and return how much usage fell.
+    ///
+    /// v2: memory.reclaim. v1 has no such file; instead the limit is lowered to
+    /// `usage - bytes` and put back to `restore_to`: mm/memcontrol-v1.c
+    /// mem_cgroup_resize_max() only installs a new limit once usage is below it and until then
+    /// runs try_to_free_mem_cgroup_pages() in the writer's context. Both writes go through
+    /// `guard`, so a writer killed between them still gets the limit restored (journal).
+    /// EBUSY (nothing more reclaimable) is not an error: the usage drop says what happened.
+    pub fn reclaim_in_caller(&self, guard: &SettingsGuard, bytes: u64, restore_to: Option<u64>) -> Result<u64> {
+        let before = self.usage()?;
+        match self.version {
+            Version::V2 => match self.reclaim(bytes) {
+                Ok(()) => {}
+                Err(e) if e.errno() == Some(libc::EAGAIN) => {}
+                Err(e) => return Err(e),
+            },
+            Version::V1 => {
+                let file = self.file("memory.limit_in_bytes");
+                let target = before.saturating_sub(bytes).max(4096);
+                let lowered = guard.write(&file, &target.to_string());
+                let restore = restore_to.map_or("-1".to_string(), |b| b.to_string());
+                // Restore first, then judge the lowering: the limit must never stay low.
+                guard.write(&file, &restore)?;
+                match lowered {
+                    Ok(()) => {}
+                    Err(e) if matches!(e.errno(), Some(libc::EBUSY) | Some(libc::EINTR)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(before.saturating_sub(self.usage()?))
+    }
+
     /// v1: the number of times usage hit the limit.
     pub fn failcnt(&self) -> Result<u64> {
         match self.version {
@@ -353,6 +397,25 @@ mod tests {
             assert_eq!(g.processes().unwrap(), vec![child.id()]);
             assert!(g.usage().is_ok());
             assert!(g.stat().unwrap().len() > 5);
+            // Reclaim in the caller's context: fill the group's page cache, then take it back.
+            let file = std::env::temp_dir().join(format!("pw-cg-unit-{}", std::process::id()));
+            std::fs::write(&file, vec![1u8; 16 << 20]).unwrap();
+            std::fs::File::open(&file).unwrap().sync_all().unwrap();
+            crate::pagecache::drop_file_cache(&file).unwrap();
+            let mut reader = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("sleep 0.3; cat {} > /dev/null", file.display()))
+                .spawn()
+                .unwrap();
+            g.add_process(reader.id()).unwrap();
+            assert!(reader.wait().unwrap().success());
+            let usage = g.usage().unwrap();
+            assert!(usage >= 8 << 20, "page cache charged: {usage}");
+            let freed = g.reclaim_in_caller(&guard, 8 << 20, Some(64 << 20)).unwrap();
+            assert!(freed >= 4 << 20, "freed {freed} of {usage}");
+            assert_eq!(g.limit().unwrap(), Some(64 << 20), "limit restored");
+            assert!(g.slab_bytes().is_ok());
+            std::fs::remove_file(&file).unwrap();
             drop(guard);
             assert!(!path.exists(), "group removed with its task moved out");
             child.kill().unwrap();

@@ -98,6 +98,22 @@ pub fn set_affinity_of(pid: i32, cpus: &BTreeSet<usize>) -> Result<()> {
     Ok(())
 }
 
+/// The pids of the kswapd kernel threads (`kswapdN`, one per node), from /proc/PID/comm.
+pub fn kswapd_pids() -> Result<Vec<i32>> {
+    let dir = std::fs::read_dir("/proc").map_err(|source| Error::Read { path: "/proc".into(), source })?;
+    let mut out = Vec::new();
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        if let Ok(comm) = read_trimmed(format!("/proc/{pid}/comm")) {
+            if comm.strip_prefix("kswapd").is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit())) {
+                out.push(pid);
+            }
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
 /// The CPU the calling thread runs on right now.
 pub fn current_cpu() -> usize {
     // SAFETY: no preconditions.
