@@ -227,15 +227,29 @@ impl MemCgroup {
             },
             Version::V1 => {
                 let file = self.file("memory.limit_in_bytes");
-                let target = before.saturating_sub(bytes).max(4096);
-                let lowered = guard.write(&file, &target.to_string());
                 let restore = restore_to.map_or("-1".to_string(), |b| b.to_string());
-                // Restore first, then judge the lowering: the limit must never stay low.
+                // Journal the limit first (writing the value it has changes nothing), so a
+                // writer killed while the limit is low still gets it back.
                 guard.write(&file, &restore)?;
+                let open = || {
+                    std::fs::OpenOptions::new().write(true).open(&file).map_err(|source| Error::Write {
+                        path: file.clone(),
+                        value: "open".into(),
+                        source,
+                    })
+                };
+                // Both descriptors open before lowering: while the low limit is installed, other
+                // tasks of the group charging against it would reclaim themselves, so the
+                // restore is one write(2) right after the lowering returns.
+                let (mut low_fd, mut restore_fd) = (open()?, open()?);
+                let target = before.saturating_sub(bytes).max(4096).to_string();
+                let lowered = low_fd.write_all(target.as_bytes());
+                let restored = restore_fd.write_all(restore.as_bytes());
+                restored.map_err(|source| Error::Write { path: file.clone(), value: restore.clone(), source })?;
                 match lowered {
                     Ok(()) => {}
-                    Err(e) if matches!(e.errno(), Some(libc::EBUSY) | Some(libc::EINTR)) => {}
-                    Err(e) => return Err(e),
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EINTR)) => {}
+                    Err(source) => return Err(Error::Write { path: file, value: target, source }),
                 }
             }
         }

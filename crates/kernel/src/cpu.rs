@@ -114,6 +114,21 @@ pub fn kswapd_pids() -> Result<Vec<i32>> {
     Ok(out)
 }
 
+/// Run the calling thread under SCHED_FIFO at `priority` (1..=99), or back under SCHED_OTHER
+/// with 0. A reclaim worker uses it so its wake-up preempts the work on its core at once.
+pub fn set_fifo_priority(priority: i32) -> Result<()> {
+    if !(0..=99).contains(&priority) {
+        return Err(Error::Invalid(format!("SCHED_FIFO priority {priority} outside 0..=99")));
+    }
+    let policy = if priority == 0 { libc::SCHED_OTHER } else { libc::SCHED_FIFO };
+    let param = libc::sched_param { sched_priority: priority };
+    // SAFETY: a valid sched_param; pid 0 is the calling thread.
+    if unsafe { libc::sched_setscheduler(0, policy, &param) } != 0 {
+        return Err(Error::last_os("sched_setscheduler"));
+    }
+    Ok(())
+}
+
 /// The CPU the calling thread runs on right now.
 pub fn current_cpu() -> usize {
     // SAFETY: no preconditions.

@@ -137,6 +137,10 @@ pub struct RawConfig {
     /// multiples of 2 s).
     #[serde(default = "default_psi_stall")]
     pub psi_stall_ms: u64,
+    /// SCHED_FIFO priority of the workers (0: normal scheduling). With a priority a worker's
+    /// timer or PSI wake-up preempts the work on its core at once.
+    #[serde(default)]
+    pub worker_rt_priority: u8,
     #[serde(default)]
     pub roles: RawRoles,
     #[serde(default)]
@@ -247,6 +251,9 @@ impl Config {
         }
         if raw.interval_ms == 0 || raw.interval_ms > 10_000 {
             return Err(err("interval_ms", format!("{} is outside 1..=10000", raw.interval_ms)));
+        }
+        if raw.worker_rt_priority > 99 {
+            return Err(err("worker_rt_priority", format!("{} is outside 0..=99", raw.worker_rt_priority)));
         }
         if raw.batch_kb < 4 {
             return Err(err("batch_kb", "must be at least one page (4)"));

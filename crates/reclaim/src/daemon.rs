@@ -245,14 +245,21 @@ impl Drop for Daemon {
     }
 }
 
-fn control_loop(mut tree: Option<Tree>, apply_global: bool, shared: &Shared) {
+fn control_loop(mut tree: Option<Tree>, mut apply_global: bool, shared: &Shared) {
     while !shared.stop.load(Ordering::Acquire) {
         std::thread::sleep(Duration::from_millis(100));
         let Some(t) = tree.as_mut() else { continue };
         let mut table = shared.table.read().unwrap_or_else(|e| e.into_inner()).clone();
-        let (msgs, changed) = t.poll(&mut table);
+        let (msgs, mut changed) = t.poll(&mut table);
         for m in msgs {
             shared.say(m);
+        }
+        // `pagewise reclaim set --apply-global` asks a running daemon to apply the sum.
+        let flag = t.dir().join("apply_global");
+        if !apply_global && std::fs::read_to_string(&flag).is_ok_and(|s| s.trim() == "1") {
+            apply_global = true;
+            changed = true;
+            shared.say("apply_global requested through the tree".into());
         }
         if changed {
             let kb = table.global_min_free_kbytes();
@@ -275,6 +282,11 @@ fn worker(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared) -> Worker
         rep.errors.push(format!("pin to cpu {cpu_id}: {e}"));
         shared.stop.store(true, Ordering::Release);
         return rep;
+    }
+    if cfg.raw.worker_rt_priority > 0 {
+        if let Err(e) = cpu::set_fifo_priority(i32::from(cfg.raw.worker_rt_priority)) {
+            shared.say(format!("cpu{cpu_id}: SCHED_FIFO refused ({e}); normal scheduling"));
+        }
     }
     let psi = PsiTrigger::system_memory(PsiTriggerSpec {
         full: false,

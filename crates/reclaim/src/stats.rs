@@ -110,6 +110,8 @@ pub struct Aggregator {
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct TaskStats {
     pub task: String,
+    /// CPUs its reclaim and slab shrinking began on.
+    pub cpus: std::collections::BTreeSet<usize>,
     pub reclaim: LatencyStats,
     pub slab: LatencyStats,
 }
@@ -152,6 +154,7 @@ impl Aggregator {
                         }
                         let t = self.tasks.entry(e.pid).or_default();
                         t.task = e.task.clone();
+                        t.cpus.insert(cpu);
                         t.reclaim.add(ns, freed);
                     }
                 }
@@ -162,6 +165,7 @@ impl Aggregator {
                         self.cores.entry(cpu).or_default().slab.add(ns, freed);
                         let t = self.tasks.entry(e.pid).or_default();
                         t.task = e.task.clone();
+                        t.cpus.insert(cpu);
                         t.slab.add(ns, freed);
                     }
                 }
