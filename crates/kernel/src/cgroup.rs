@@ -218,6 +218,20 @@ impl MemCgroup {
     /// `guard`, so a writer killed between them still gets the limit restored (journal).
     /// EBUSY (nothing more reclaimable) is not an error: the usage drop says what happened.
     pub fn reclaim_in_caller(&self, guard: &SettingsGuard, bytes: u64, restore_to: Option<u64>) -> Result<u64> {
+        self.reclaim_in_caller_within(guard, bytes, restore_to, None)
+    }
+
+    /// [`MemCgroup::reclaim_in_caller`] bounded in time: the kernel's resize loop keeps
+    /// reclaiming while the group's other tasks keep charging, so one pass can run for a long
+    /// time. A one-shot timer signals the calling thread at `deadline`, and the loop gives up
+    /// (mem_cgroup_resize_max() checks signal_pending() each round, returning EINTR).
+    pub fn reclaim_in_caller_within(
+        &self,
+        guard: &SettingsGuard,
+        bytes: u64,
+        restore_to: Option<u64>,
+        deadline: Option<Duration>,
+    ) -> Result<u64> {
         let before = self.usage()?;
         match self.version {
             Version::V2 => match self.reclaim(bytes) {
@@ -243,8 +257,23 @@ impl MemCgroup {
                 // restore is one write(2) right after the lowering returns.
                 let (mut low_fd, mut restore_fd) = (open()?, open()?);
                 let target = before.saturating_sub(bytes).max(4096).to_string();
+                let timer = match deadline {
+                    Some(d) => Some(ThreadTimer::arm(d)?),
+                    None => None,
+                };
                 let lowered = low_fd.write_all(target.as_bytes());
-                let restored = restore_fd.write_all(restore.as_bytes());
+                drop(timer);
+                // A timer signal that lands after the lowering makes the restore's own resize
+                // loop return EINTR at once (it checks signal_pending first): write again.
+                let mut restored = restore_fd.write_all(restore.as_bytes());
+                for _ in 0..100 {
+                    match &restored {
+                        Err(e) if e.raw_os_error() == Some(libc::EINTR) => {
+                            restored = restore_fd.write_all(restore.as_bytes())
+                        }
+                        _ => break,
+                    }
+                }
                 restored.map_err(|source| Error::Write { path: file.clone(), value: restore.clone(), source })?;
                 match lowered {
                     Ok(()) => {}
@@ -272,6 +301,71 @@ impl MemCgroup {
             Version::V1 => Err(Error::Invalid("per-cgroup PSI needs cgroup v2".into())),
             Version::V2 => PsiTrigger::open(self.file("memory.pressure"), trigger),
         }
+    }
+}
+
+/// A one-shot POSIX timer that sends a no-op signal to the calling thread, to interrupt a
+/// blocking, signal-aware kernel loop (timer_create(2) with SIGEV_THREAD_ID). Disarmed on drop.
+struct ThreadTimer {
+    id: libc::timer_t,
+}
+
+/// The signal the timer sends: the first real-time signal the C library leaves free, with a
+/// handler that does nothing and no SA_RESTART, so the interrupted call returns EINTR.
+fn deadline_signal() -> libc::c_int {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    let sig = libc::SIGRTMIN() + 4;
+    INSTALL.call_once(|| {
+        extern "C" fn nothing(_: libc::c_int) {}
+        // SAFETY: plain data; a handler that touches nothing is async-signal-safe.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = nothing as *const () as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            sa.sa_flags = 0;
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    });
+    sig
+}
+
+impl ThreadTimer {
+    fn arm(after: Duration) -> Result<Self> {
+        const SIGEV_THREAD_ID: libc::c_int = 4;
+        let sig = deadline_signal();
+        // SAFETY: plain data, filled below.
+        let mut sev: libc::sigevent = unsafe { std::mem::zeroed() };
+        sev.sigev_notify = SIGEV_THREAD_ID;
+        sev.sigev_signo = sig;
+        // SAFETY: gettid has no preconditions.
+        sev.sigev_notify_thread_id = unsafe { libc::gettid() };
+        let mut id: libc::timer_t = std::ptr::null_mut();
+        // SAFETY: valid sigevent and out pointer.
+        if unsafe { libc::timer_create(libc::CLOCK_MONOTONIC, &mut sev, &mut id) } != 0 {
+            return Err(Error::last_os("timer_create"));
+        }
+        let its = libc::itimerspec {
+            it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
+            it_value: libc::timespec {
+                tv_sec: after.as_secs() as libc::time_t,
+                tv_nsec: libc::c_long::from(after.subsec_nanos().max(1) as i32),
+            },
+        };
+        // SAFETY: id was just created; its is valid.
+        if unsafe { libc::timer_settime(id, 0, &its, std::ptr::null_mut()) } != 0 {
+            let e = Error::last_os("timer_settime");
+            // SAFETY: id is a live timer.
+            unsafe { libc::timer_delete(id) };
+            return Err(e);
+        }
+        Ok(ThreadTimer { id })
+    }
+}
+
+impl Drop for ThreadTimer {
+    fn drop(&mut self) {
+        // SAFETY: id is a live timer owned by self.
+        unsafe { libc::timer_delete(self.id) };
     }
 }
 

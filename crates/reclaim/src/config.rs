@@ -141,6 +141,10 @@ pub struct RawConfig {
     /// timer or PSI wake-up preempts the work on its core at once.
     #[serde(default)]
     pub worker_rt_priority: u8,
+    /// Longest one reclaim pass may run (ms): the kernel's cgroup-v1 resize loop chases a
+    /// group whose tasks keep charging; a pass that overruns is cut and the next one follows.
+    #[serde(default = "default_pass_ms")]
+    pub pass_ms: u64,
     #[serde(default)]
     pub roles: RawRoles,
     #[serde(default)]
@@ -156,6 +160,9 @@ fn default_interval() -> u64 {
 }
 fn default_batch() -> u64 {
     4096
+}
+fn default_pass_ms() -> u64 {
+    10
 }
 fn default_psi_stall() -> u64 {
     50
@@ -251,6 +258,9 @@ impl Config {
         }
         if raw.interval_ms == 0 || raw.interval_ms > 10_000 {
             return Err(err("interval_ms", format!("{} is outside 1..=10000", raw.interval_ms)));
+        }
+        if raw.pass_ms == 0 || raw.pass_ms > 10_000 {
+            return Err(err("pass_ms", format!("{} is outside 1..=10000", raw.pass_ms)));
         }
         if raw.worker_rt_priority > 99 {
             return Err(err("worker_rt_priority", format!("{} is outside 0..=99", raw.worker_rt_priority)));

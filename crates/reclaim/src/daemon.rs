@@ -64,6 +64,8 @@ pub struct WorkerReport {
     pub reclaim_passes: u64,
     pub reclaimed_bytes: u64,
     pub reclaim_time_ms: f64,
+    /// The longest single reclaim pass, as the worker timed it.
+    pub max_pass_ms: f64,
     pub slab_passes: u64,
     pub slab_reclaimed_bytes: u64,
     /// Lowest headroom (cgroup) or zone free (system) seen, in pages.
@@ -301,6 +303,7 @@ fn worker(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared) -> Worker
         }
     };
     let batch_pages = (cfg.batch_kb * 1024 / PAGE).max(1);
+    let pass = Duration::from_millis(cfg.raw.pass_ms);
     let mut hyst: BTreeMap<usize, Hysteresis> = BTreeMap::new();
     let mut raised_warned = false;
     while !shared.stop.load(Ordering::Acquire) {
@@ -338,11 +341,13 @@ fn worker(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared) -> Worker
             let got = match scope {
                 Scope::Cgroup(cg) => {
                     let _l = shared.mech.lock().unwrap_or_else(|e| e.into_inner());
-                    cg.reclaim_in_caller(&shared.guard, need * PAGE, limit)
+                    cg.reclaim_in_caller_within(&shared.guard, need * PAGE, limit, Some(pass))
                 }
                 Scope::System { cache_paths, drop_caches } => system_reclaim(need * PAGE, cache_paths, *drop_caches),
             };
-            rep.reclaim_time_ms += t.elapsed().as_secs_f64() * 1e3;
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            rep.reclaim_time_ms += ms;
+            rep.max_pass_ms = rep.max_pass_ms.max(ms);
             rep.reclaim_passes += 1;
             match got {
                 Ok(b) => rep.reclaimed_bytes += b,
@@ -350,7 +355,7 @@ fn worker(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared) -> Worker
             }
         }
         if let (Some(split), Scope::Cgroup(cg)) = (&cfg.split, scope) {
-            match slab_step(cg, split, limit, shared) {
+            match slab_step(cg, split, limit, pass, shared) {
                 Ok(Some(b)) => {
                     rep.slab_passes += 1;
                     rep.slab_reclaimed_bytes += b;
@@ -482,6 +487,7 @@ fn slab_step(
     cg: &MemCgroup,
     split: &crate::config::SplitConfig,
     limit: Option<u64>,
+    pass: Duration,
     shared: &Shared,
 ) -> pagewise_kernel::Result<Option<u64>> {
     let Some(lim) = limit else { return Ok(None) };
@@ -500,7 +506,7 @@ fn slab_step(
     let _l = shared.mech.lock().unwrap_or_else(|e| e.into_inner());
     let normal = split.vfs_cache_pressure.map(|p| p.to_string()).unwrap_or(read_vm_sysctl("vfs_cache_pressure")?);
     set_vm_sysctl(&shared.guard, "vfs_cache_pressure", &split.slab_pass_pressure.to_string())?;
-    let got = cg.reclaim_in_caller(&shared.guard, d.slab * PAGE, limit);
+    let got = cg.reclaim_in_caller_within(&shared.guard, d.slab * PAGE, limit, Some(pass));
     set_vm_sysctl(&shared.guard, "vfs_cache_pressure", &normal)?;
     let before = slab;
     let after = cg.slab_bytes()?;

@@ -147,6 +147,8 @@ fn fileserver(a: &Args) {
     let ops: usize = a.get("ops", Some(10_000));
     let lookup_pct: u64 = a.get("lookup-pct", Some(20));
     let setup = a.get::<u32>("setup", Some(1)) == 1;
+    // Missing names differ per run, so every run creates its own negative dentries.
+    let salt: String = a.get("salt", Some(String::from("0")));
     let path_of = |i: usize| dir.join(format!("d{:03}", i % 256)).join(format!("f{i:07}"));
     if setup {
         for d in 0..256.min(files.max(1)) {
@@ -157,10 +159,17 @@ fn fileserver(a: &Args) {
             std::fs::write(path_of(i), &data).unwrap_or_else(|e| die(format!("{}: {e}", path_of(i).display())));
         }
     }
+    if a.get::<u32>("drop", Some(1)) == 1 {
+        // Start cold: the files' pages must be read back, and charged, inside the group.
+        for i in 0..files {
+            let _ = pagewise_kernel::pagecache::drop_file_cache(&path_of(i));
+        }
+    }
     let t0 = Instant::now();
     let mut handles = Vec::new();
     for t in 0..threads {
         let dir = dir.clone();
+        let salt = salt.clone();
         handles.push(
             std::thread::Builder::new()
                 .name("pw-fs-worker".into())
@@ -179,7 +188,7 @@ fn fileserver(a: &Args) {
                             // Metadata lookups: an existing name and a missing one (a negative dentry).
                             let _ = std::fs::metadata(path_of(i));
                             let _ = std::fs::metadata(
-                                dir.join(format!("d{:03}", i % 256)).join(format!("missing-{t}-{op}-{i}")),
+                                dir.join(format!("d{:03}", i % 256)).join(format!("missing-{salt}-{t}-{op}-{i}")),
                             );
                         } else if x % 100 < 90 {
                             if let Ok(mut f) = std::fs::File::open(path_of(i)) {
