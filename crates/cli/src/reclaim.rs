@@ -118,7 +118,7 @@ fn stop_flag() -> anyhow::Result<Arc<AtomicBool>> {
 }
 
 fn kernel_min_free() -> anyhow::Result<u64> {
-    Ok(read_vm_sysctl("min_free_kbytes")?.parse().context("min_free_kbytes is not a number")?)
+    read_vm_sysctl("min_free_kbytes")?.parse().context("min_free_kbytes is not a number")
 }
 
 fn load_config(path: &Path) -> anyhow::Result<Config> {

@@ -1,7 +1,7 @@
 //! `reclaim-percore` (seed 002): a latency-critical task on core 1 keeps allocating while a
 //! file-I/O job with a memory fill on core 0 drives their shared memory cgroup into reclaim.
 //!
-//! The protected task (pinned to core 1, mlockall'ed) maps and touches 512 pages every 10 ms.
+//! The protected task (pinned to core 1, mlockall'ed, SCHED_FIFO) maps and touches 512 pages every 10 ms.
 //! It shares the group with the pressure, so without help every charge that finds the group
 //! full reclaims in the protected task's own context, on core 1. With reclaimd, a worker
 //! pinned to core 0 keeps the group's headroom between its low and high thresholds by
@@ -109,6 +109,7 @@ fn run_once(setup: Setup, sz: &Sizes, file: &std::path::Path, rep: usize) -> any
             ("cpu", PROTECTED.to_string()),
             ("pages", "512".into()),
             ("period-ms", "10".into()),
+            ("fifo", "20".into()),
             ("seconds", sz.seconds.to_string()),
             ("cgroup", path),
         ],
@@ -261,7 +262,7 @@ impl Experiment for ReclaimPercore {
         });
         report.note(format!(
             "Memory cgroup (v1) of {} MiB; pressure: {} MiB of anonymous fill then sequential reads of a {} MiB file, pinned to core 0; \
-             protected: 512 pages mapped+touched+unmapped every 10 ms, mlockall, pinned to core 1; {} s per run, {reps} repetitions interleaved. \
+             protected: 512 pages mapped+touched+unmapped every 10 ms, mlockall, SCHED_FIFO 20, pinned to core 1 (the paper's application habits); {} s per run, {reps} repetitions interleaved. \
              reclaimd: one SCHED_FIFO worker on core 0, timer 5 ms + PSI, low 32 MiB / high 48 MiB of headroom, batches of 16 MiB by cgroup-v1 limit lowering. \
              The machine's 2 cores are shared with other work, so latencies carry that noise.",
             sz.limit_mb, sz.fill_mb, sz.file_mb, sz.seconds

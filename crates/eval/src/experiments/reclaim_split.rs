@@ -11,6 +11,7 @@
 //!   low), and runs bounded slab batches when the group's kernel memory reaches Sstart (50%);
 //! - split reclaim + vfs_cache_pressure 10: the same, with the lever that makes any reclaim
 //!   that still hits a worker scan less slab (restored by the guard).
+//!
 //! Reclaim on the workers' path comes from the vmscan trace events of the threads named
 //! `pw-fs-worker` (memcg/direct reclaim begin/end pairs and their slab shrinker calls).
 

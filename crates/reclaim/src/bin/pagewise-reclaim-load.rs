@@ -1,8 +1,8 @@
 //! The loads of the reclaim experiments and tests, as separate processes so each can live in
 //! its own memory cgroup and on its own core. Each prints one JSON object on stdout.
 //!
-//! - `protect --cpu C --pages N --period-ms P --seconds S [--cgroup DIR]`: seed 002's
-//!   latency-critical task: pinned, mlockall'ed, every P ms maps N pages, touches each one and
+//! - `protect --cpu C --pages N --period-ms P --seconds S [--fifo PRIO] [--cgroup DIR]`: seed
+//!   002's latency-critical task: pinned, mlockall'ed, optionally SCHED_FIFO, every P ms maps N pages, touches each one and
 //!   unmaps them; reports the latency of each map+touch (p50/p99/max µs).
 //! - `pressure --cpu C --file F --fill-mb M --seconds S [--cgroup DIR]`: seed 002's pressure:
 //!   M MiB of anonymous memory kept touched, then sequential reads of F (larger than the
@@ -81,6 +81,11 @@ fn protect(a: &Args) {
     let period = Duration::from_millis(a.get("period-ms", Some(10)));
     let seconds: f64 = a.get("seconds", None);
     mlockall_current_and_future().unwrap_or_else(|e| die(e));
+    // The paper's application habits: SCHED_FIFO (or RR) plus mlockall plus pinning.
+    let fifo: i32 = a.get("fifo", Some(0));
+    if fifo > 0 {
+        pagewise_kernel::cpu::set_fifo_priority(fifo).unwrap_or_else(|e| die(e));
+    }
     let len = pages * 4096;
     let mut lat = Vec::new();
     let t0 = Instant::now();
