@@ -265,3 +265,44 @@ fn the_guard_restores_every_setting_and_the_tree_goes_away() {
     assert!(!tree.exists(), "tree removed");
     assert!(!cgpath.exists(), "cgroup removed");
 }
+
+#[test]
+fn system_scope_drops_cold_file_cache_from_the_reclaim_core_and_restores_kswapd() {
+    let _serial = serial();
+    if pagewise_kernel::cpu::online_cpus().map(|c| c.len()).unwrap_or(0) < 2 {
+        eprintln!("skipped: needs 2 CPUs");
+        return;
+    }
+    // Core 0's thresholds above all the memory there is: the worker is always below its low
+    // and drops the cache of the files under cache_paths (and nothing else: no drop_caches).
+    let file = TempFile::new("system", 32);
+    let _ = std::fs::read(&file.0).unwrap();
+    assert!(pagewise_kernel::pagecache::cached_bytes(&file.0).unwrap() >= 16 << 20);
+    let kswapd = pagewise_kernel::cpu::kswapd_pids().unwrap();
+    let before: Vec<_> = kswapd.iter().map(|&p| pagewise_kernel::cpu::affinity(p).unwrap()).collect();
+    let text = format!(
+        "scope = \"system\"\ninterval_ms = 10\ncache_paths = [\"{}\"]\n[roles]\nprotect = \"1\"\nreclaim = \"0\"\n\
+         [cores.\"0\"]\nmin_free_kbytes = {}\n",
+        file.0.parent().unwrap().display(),
+        1u64 << 40
+    );
+    let cfg = Config::parse(&text, &pagewise_kernel::cpu::online_cpus().unwrap(), 67584).unwrap();
+    let guard = Arc::new(SettingsGuard::new_without_signal_handler());
+    let daemon = Daemon::start(&cfg, guard.clone(), Options::default()).unwrap();
+    for &p in &kswapd {
+        assert_eq!(
+            pagewise_kernel::cpu::affinity(p).unwrap(),
+            BTreeSet::from([0]),
+            "kswapd pinned to the reclaim core"
+        );
+    }
+    let t0 = Instant::now();
+    while pagewise_kernel::pagecache::cached_bytes(&file.0).unwrap() > 0 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let report = daemon.stop();
+    assert_eq!(pagewise_kernel::pagecache::cached_bytes(&file.0).unwrap(), 0, "cold file dropped: {report:?}");
+    assert!(report.workers[0].reclaim_passes > 0 && report.workers[0].ran_on == BTreeSet::from([0]));
+    let after: Vec<_> = kswapd.iter().map(|&p| pagewise_kernel::cpu::affinity(p).unwrap()).collect();
+    assert_eq!(before, after, "kswapd's affinity restored");
+}
