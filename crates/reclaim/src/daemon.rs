@@ -150,6 +150,7 @@ impl Daemon {
         });
         if cfg.raw.apply_global {
             let kb = cfg.table.global_min_free_kbytes();
+            check_global(kb).map_err(DaemonError::Unusable)?;
             set_vm_sysctl(&guard, "min_free_kbytes", &kb.to_string())?;
             shared.say(format!("min_free_kbytes = {kb} (sum of the cores' mins)"));
         }
@@ -247,6 +248,19 @@ impl Drop for Daemon {
     }
 }
 
+/// A global min_free_kbytes above a quarter of memory would make the kernel reclaim most of
+/// the machine at once: refuse it rather than apply it.
+fn check_global(kb: u64) -> Result<(), String> {
+    let total_kb = pagewise_kernel::procfs::read_meminfo().map(|m| m.mem_total / 1024).unwrap_or(u64::MAX);
+    if kb > total_kb / 4 {
+        return Err(format!(
+            "min_free_kbytes = {kb} (the sum of the cores' mins) is above a quarter of memory ({} KiB)",
+            total_kb / 4
+        ));
+    }
+    Ok(())
+}
+
 fn control_loop(mut tree: Option<Tree>, mut apply_global: bool, shared: &Shared) {
     while !shared.stop.load(Ordering::Acquire) {
         std::thread::sleep(Duration::from_millis(100));
@@ -267,7 +281,9 @@ fn control_loop(mut tree: Option<Tree>, mut apply_global: bool, shared: &Shared)
             let kb = table.global_min_free_kbytes();
             *shared.table.write().unwrap_or_else(|e| e.into_inner()) = table;
             if apply_global {
-                if let Err(e) = set_vm_sysctl(&shared.guard, "min_free_kbytes", &kb.to_string()) {
+                if let Err(e) = check_global(kb) {
+                    shared.say(format!("not applied: {e}"));
+                } else if let Err(e) = set_vm_sysctl(&shared.guard, "min_free_kbytes", &kb.to_string()) {
                     shared.say(format!("cannot apply min_free_kbytes = {kb}: {e}"));
                 }
             }
