@@ -104,3 +104,97 @@ fn a_killed_daemon_leaves_the_system_as_it_found_it() {
     assert_eq!(cg.limit().unwrap(), Some(64 << 20));
     std::fs::remove_file(&path).unwrap();
 }
+
+#[test]
+fn set_and_show_go_through_the_running_daemons_tree() {
+    if v1_memory_root().is_none() && v2_memory_root().is_none() {
+        eprintln!("skipped: no memory cgroup controller");
+        return;
+    }
+    let tree = std::path::Path::new("/run/pagewise/percpu_free_mem");
+    if pagewise_reclaim_tree_owner(tree) {
+        eprintln!("skipped: a reclaimd is already running on this machine");
+        return;
+    }
+    let guard = SettingsGuard::new_without_signal_handler();
+    let cg = MemCgroup::create(&guard, &format!("cli-set-{}", std::process::id())).unwrap();
+    cg.set_limit(Some(64 << 20)).unwrap();
+    let path = config_file(
+        "set",
+        &format!(
+            "scope = \"cgroup\"\ncgroup = \"{}\"\n[roles]\nprotect = \"1\"\nreclaim = \"0\"\n",
+            cg.path().display()
+        ),
+    );
+    let mut child = Command::new(PAGEWISE)
+        .args(["reclaimd", "--config"])
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !tree.join("cpu1").exists() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no tree");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let run = |args: &[&str]| Command::new(PAGEWISE).args(args).output().unwrap();
+    assert!(run(&[
+        "reclaim",
+        "set",
+        "--cpu",
+        "0",
+        "--min-free-kbytes",
+        "12288",
+        "--low-ratio",
+        "240",
+        "--high-ratio",
+        "400"
+    ])
+    .status
+    .success());
+    let out = run(&[
+        "reclaim",
+        "set",
+        "--cpu",
+        "1",
+        "--min-free-kbytes",
+        "256",
+        "--low-ratio",
+        "3300",
+        "--high-ratio",
+        "4000",
+    ]);
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("12544"));
+    let out = run(&["reclaim", "set", "--cpu", "1", "--low-ratio", "50"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("pages_low_ratio"));
+    // The daemon applies the writes on its next poll (100 ms).
+    std::thread::sleep(Duration::from_millis(400));
+    let out = run(&["reclaim", "show", "--json"]);
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(j["source"].as_str().unwrap().contains("reclaimd pid"), "{j}");
+    assert_eq!(j["min_free_kbytes"], 12544);
+    assert_eq!(j["cores"][1]["thresholds"]["pages_low_ratio"], 3300);
+    // SIGTERM: a clean stop that removes the tree and restores what it changed.
+    sigterm(child.id());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let mut report = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut report).unwrap();
+    assert!(report.contains("min_free_kbytes is now 12544"), "{report}");
+    assert!(!tree.exists());
+    assert_eq!(cg.limit().unwrap(), Some(64 << 20));
+    std::fs::remove_file(&path).unwrap();
+}
+
+fn pagewise_reclaim_tree_owner(tree: &std::path::Path) -> bool {
+    std::fs::read_to_string(tree.join("daemon.pid"))
+        .ok()
+        .and_then(|p| p.trim().parse::<u32>().ok())
+        .is_some_and(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
+}
+
+/// SIGTERM to a child, with kill(1).
+fn sigterm(pid: u32) {
+    assert!(Command::new("kill").arg("-TERM").arg(pid.to_string()).status().unwrap().success());
+}
