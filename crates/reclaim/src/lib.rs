@@ -16,6 +16,7 @@
 //! triggers therefore moves the reclaim work to core 0: the protected cores' allocations find
 //! memory free and never enter reclaim themselves.
 
+pub mod capi;
 pub mod config;
 pub mod daemon;
 pub mod policy;
