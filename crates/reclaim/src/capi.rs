@@ -21,8 +21,11 @@ pub struct PwReclaimWatermarks {
 /// One core's thresholds in 4 KiB pages, over one pool of pages (a cgroup's headroom):
 /// pages_min = min_free_kbytes / 4, low and high = floor(min × ratio / 100).
 /// -EINVAL for a null `out` or ratios below 100 or high below low.
+///
+/// # Safety
+/// `out` is null or points to a writable `struct pw_reclaim_watermarks`.
 #[no_mangle]
-pub extern "C" fn pw_reclaim_watermarks(
+pub unsafe extern "C" fn pw_reclaim_watermarks(
     min_free_kbytes: u64,
     low_ratio: u32,
     high_ratio: u32,
@@ -84,10 +87,13 @@ mod tests {
     #[test]
     fn watermarks_follow_the_policy() {
         let mut w = PwReclaimWatermarks::default();
-        assert_eq!(pw_reclaim_watermarks(12288, 240, 400, &mut w), 0);
-        assert_eq!(w, PwReclaimWatermarks { min: 3072, low: 7372, high: 12288 });
-        assert_eq!(pw_reclaim_watermarks(12288, 90, 400, &mut w), -libc::EINVAL);
-        assert_eq!(pw_reclaim_watermarks(12288, 240, 400, std::ptr::null_mut()), -libc::EINVAL);
+        // SAFETY: a valid out pointer, or null (refused).
+        unsafe {
+            assert_eq!(pw_reclaim_watermarks(12288, 240, 400, &mut w), 0);
+            assert_eq!(w, PwReclaimWatermarks { min: 3072, low: 7372, high: 12288 });
+            assert_eq!(pw_reclaim_watermarks(12288, 90, 400, &mut w), -libc::EINVAL);
+            assert_eq!(pw_reclaim_watermarks(12288, 240, 400, std::ptr::null_mut()), -libc::EINVAL);
+        }
     }
 
     #[test]
