@@ -5,3 +5,5 @@
 //!
 //! Convention of the ABI: functions return 0 (or a count) on success and a negative errno on
 //! failure, and never abort the calling program.
+
+pub use pagewise_reclaim::capi as reclaim;

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod doctor;
 mod eval;
+mod reclaim;
 
 /// Pagewise: five research memory-management systems on the kernel you already run.
 ///
@@ -21,6 +22,8 @@ struct Cli {
 enum Command {
     Doctor(doctor::Args),
     Eval(eval::Args),
+    Reclaimd(reclaim::DaemonArgs),
+    Reclaim(reclaim::Args),
 }
 
 fn main() -> ExitCode {
@@ -28,6 +31,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Doctor(a) => doctor::run(a),
         Command::Eval(a) => eval::run(a),
+        Command::Reclaimd(a) => reclaim::run_daemon(a),
+        Command::Reclaim(a) => reclaim::run(a),
     };
     match result {
         Ok(code) => code,

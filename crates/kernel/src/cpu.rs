@@ -98,6 +98,37 @@ pub fn set_affinity_of(pid: i32, cpus: &BTreeSet<usize>) -> Result<()> {
     Ok(())
 }
 
+/// The pids of the kswapd kernel threads (`kswapdN`, one per node), from /proc/PID/comm.
+pub fn kswapd_pids() -> Result<Vec<i32>> {
+    let dir = std::fs::read_dir("/proc").map_err(|source| Error::Read { path: "/proc".into(), source })?;
+    let mut out = Vec::new();
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        if let Ok(comm) = read_trimmed(format!("/proc/{pid}/comm")) {
+            if comm.strip_prefix("kswapd").is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit())) {
+                out.push(pid);
+            }
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// Run the calling thread under SCHED_FIFO at `priority` (1..=99), or back under SCHED_OTHER
+/// with 0. A reclaim worker uses it so its wake-up preempts the work on its core at once.
+pub fn set_fifo_priority(priority: i32) -> Result<()> {
+    if !(0..=99).contains(&priority) {
+        return Err(Error::Invalid(format!("SCHED_FIFO priority {priority} outside 0..=99")));
+    }
+    let policy = if priority == 0 { libc::SCHED_OTHER } else { libc::SCHED_FIFO };
+    let param = libc::sched_param { sched_priority: priority };
+    // SAFETY: a valid sched_param; pid 0 is the calling thread.
+    if unsafe { libc::sched_setscheduler(0, policy, &param) } != 0 {
+        return Err(Error::last_os("sched_setscheduler"));
+    }
+    Ok(())
+}
+
 /// The CPU the calling thread runs on right now.
 pub fn current_cpu() -> usize {
     // SAFETY: no preconditions.

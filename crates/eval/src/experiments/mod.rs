@@ -2,9 +2,12 @@
 
 use crate::Experiment;
 
+pub mod reclaim_load;
+pub mod reclaim_percore;
+pub mod reclaim_split;
 pub mod thp_baseline;
 
 /// Every experiment, in the order `pagewise eval all` runs them.
 pub fn all() -> Vec<&'static dyn Experiment> {
-    vec![&thp_baseline::ThpBaseline]
+    vec![&thp_baseline::ThpBaseline, &reclaim_percore::ReclaimPercore, &reclaim_split::ReclaimSplit]
 }
