@@ -129,6 +129,13 @@ pub fn set_fifo_priority(priority: i32) -> Result<()> {
     Ok(())
 }
 
+/// Pin another task to `cpus` under `guard`, which gives it back its current affinity.
+pub fn pin_task(guard: &crate::guard::SettingsGuard, pid: i32, cpus: &BTreeSet<usize>) -> Result<()> {
+    let before = affinity(pid)?;
+    guard.record_affinity(pid, &before);
+    set_affinity_of(pid, cpus)
+}
+
 /// The CPU the calling thread runs on right now.
 pub fn current_cpu() -> usize {
     // SAFETY: no preconditions.
@@ -162,6 +169,24 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn guard_gives_a_pinned_task_its_affinity_back() {
+        let online = online_cpus().unwrap();
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let pid = child.id() as i32;
+        let before = affinity(pid).unwrap();
+        {
+            let guard = crate::guard::SettingsGuard::new_without_signal_handler();
+            let first = BTreeSet::from([*online.iter().next().unwrap()]);
+            pin_task(&guard, pid, &first).unwrap();
+            pin_task(&guard, pid, &first).unwrap();
+            assert_eq!(affinity(pid).unwrap(), first);
+        }
+        assert_eq!(affinity(pid).unwrap(), before);
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     proptest! {

@@ -109,7 +109,6 @@ pub struct Daemon {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<WorkerReport>>,
     control: Option<JoinHandle<()>>,
-    kswapd_restore: Vec<(i32, BTreeSet<usize>)>,
 }
 
 /// Where and how to run.
@@ -158,13 +157,11 @@ impl Daemon {
             set_vm_sysctl(&guard, "vfs_cache_pressure", &p.to_string())?;
             shared.say(format!("vfs_cache_pressure = {p} while running"));
         }
-        let mut kswapd_restore = Vec::new();
         if cfg.raw.pin_kswapd && cfg.scope == ScopeKind::System {
+            // The guard gives kswapd its affinity back, also after SIGKILL (its journal).
             for pid in cpu::kswapd_pids()? {
-                let before = cpu::affinity(pid)?;
-                match cpu::set_affinity_of(pid, &cfg.reclaim) {
+                match cpu::pin_task(&guard, pid, &cfg.reclaim) {
                     Ok(()) => {
-                        kswapd_restore.push((pid, before));
                         shared.say(format!("kswapd pid {pid} pinned to {}", cpu::format_cpulist(&cfg.reclaim)));
                     }
                     Err(e) => shared.say(format!("kswapd pid {pid} cannot be pinned: {e}")),
@@ -196,7 +193,7 @@ impl Daemon {
                 .spawn(move || control_loop(tree, apply_global, &shared))
                 .expect("spawn control")
         };
-        Ok(Daemon { shared, workers, control: Some(control), kswapd_restore })
+        Ok(Daemon { shared, workers, control: Some(control) })
     }
 
     /// The current thresholds.
@@ -213,25 +210,16 @@ impl Daemon {
         self.shared.stop.store(true, Ordering::Release);
     }
 
-    /// Stop the workers, restore kswapd's affinity; the guard (dropped by the caller) restores
-    /// the settings.
+    /// Stop the workers; the guard (dropped by the caller) restores the settings and kswapd's
+    /// affinity.
     pub fn stop(mut self) -> DaemonReport {
         self.request_stop();
         let workers = std::mem::take(&mut self.workers).into_iter().filter_map(|w| w.join().ok()).collect();
         if let Some(c) = self.control.take() {
             let _ = c.join();
         }
-        self.restore_kswapd();
         let log = std::mem::take(&mut *self.shared.log.lock().unwrap_or_else(|e| e.into_inner()));
         DaemonReport { workers, log }
-    }
-
-    fn restore_kswapd(&mut self) {
-        for (pid, cpus) in std::mem::take(&mut self.kswapd_restore) {
-            if let Err(e) = cpu::set_affinity_of(pid, &cpus) {
-                eprintln!("reclaimd: cannot restore kswapd pid {pid}'s affinity: {e}");
-            }
-        }
     }
 }
 
@@ -244,7 +232,6 @@ impl Drop for Daemon {
         if let Some(c) = self.control.take() {
             let _ = c.join();
         }
-        self.restore_kswapd();
     }
 }
 

@@ -303,6 +303,7 @@ fn system_scope_drops_cold_file_cache_from_the_reclaim_core_and_restores_kswapd(
     let report = daemon.stop();
     assert_eq!(pagewise_kernel::pagecache::cached_bytes(&file.0).unwrap(), 0, "cold file dropped: {report:?}");
     assert!(report.workers[0].reclaim_passes > 0 && report.workers[0].ran_on == BTreeSet::from([0]));
+    drop(guard);
     let after: Vec<_> = kswapd.iter().map(|&p| pagewise_kernel::cpu::affinity(p).unwrap()).collect();
     assert_eq!(before, after, "kswapd's affinity restored");
 }
