@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod dlm_server;
 mod doctor;
 mod eval;
 
@@ -20,6 +21,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     Doctor(doctor::Args),
+    DlmServer(dlm_server::Args),
     Eval(eval::Args),
 }
 
@@ -27,6 +29,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Doctor(a) => doctor::run(a),
+        Command::DlmServer(a) => dlm_server::run(a),
         Command::Eval(a) => eval::run(a),
     };
     match result {
