@@ -43,6 +43,16 @@ impl Layout {
     }
 }
 
+/// The read-ahead window after a fault: doubled (from 2) while faults continue a sequential
+/// run, up to `max` units; back to 0 on any other fault.
+pub fn next_window(window: usize, sequential: bool, max: usize) -> usize {
+    if sequential && max > 0 {
+        (window * 2).max(2).min(max)
+    } else {
+        0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,6 +83,16 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn window_grows_on_runs_and_resets() {
+        assert_eq!(next_window(0, true, 32), 2);
+        assert_eq!(next_window(16, true, 32), 32);
+        assert_eq!(next_window(32, true, 32), 32);
+        assert_eq!(next_window(8, false, 32), 0);
+        assert_eq!(next_window(0, true, 1), 1);
+        assert_eq!(next_window(4, true, 0), 0);
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod capi;
 pub mod clock;
 pub mod config;
 pub mod layout;
+pub mod process;
 pub mod proto;
 pub mod runtime;
 pub mod server;

@@ -344,6 +344,23 @@ impl Dlm {
         s
     }
 
+    /// Write every dirty unit back to its home and drop every local copy (the next touch of
+    /// any page fetches it again). Returns the bytes that were resident.
+    pub fn evict_all(&self) -> usize {
+        let mut st = self.inner.lock();
+        self.inner.drain_all(&mut st);
+        let before = st.resident;
+        while let Some(v) = st.clock.victim() {
+            self.inner.evict(&mut st, v);
+        }
+        self.inner.drain_all(&mut st);
+        for a in st.areas.iter_mut().flatten() {
+            a.window = 0;
+            a.last_end = usize::MAX;
+        }
+        before
+    }
+
     /// Ask one memory server for its statistics (a STATS request).
     pub fn server_stats(&self, server: usize) -> Result<crate::server::ServerStats, DlmError> {
         let mut st = self.inner.lock();
@@ -404,8 +421,14 @@ fn handler_thread(inner: &Inner) {
         loop {
             match uffd.read_event() {
                 Ok(Some(Event::Pagefault { addr, write, .. })) => {
-                    let mut st = inner.lock();
-                    inner.serve(&mut st, addr, write);
+                    // A panic here would leave the faulting thread waiting forever: stop instead.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        let mut st = inner.lock();
+                        inner.serve(&mut st, addr, write);
+                    }));
+                    if r.is_err() {
+                        crate::fatal(format_args!("pagewise dlm: the fault handler failed at {addr:#x}"));
+                    }
                 }
                 Ok(Some(_)) => {}
                 Ok(None) => break,
@@ -504,15 +527,8 @@ impl Inner {
         // window; anything else resets it.
         let ra = {
             let a = st.areas[ai].as_mut().expect("present");
-            if was_inflight || first == a.last_end {
-                a.window = (a.window * 2).clamp(2, self.cfg.readahead.max(1));
-            } else {
-                a.window = 0;
-            }
+            a.window = crate::layout::next_window(a.window, was_inflight || first == a.last_end, self.cfg.readahead);
             a.last_end = first + count;
-            if self.cfg.readahead == 0 {
-                a.window = 0;
-            }
             a.window
         };
         // Keep read-ahead within a quarter of the local limit so it never evicts the stream.
