@@ -10,4 +10,6 @@
 #define PAGEWISE_VERSION_MAJOR 0
 #define PAGEWISE_VERSION_MINOR 1
 
+#include "pagewise/dlm.h"
+
 #endif /* PAGEWISE_H */
