@@ -3,9 +3,10 @@
 use crate::Experiment;
 
 pub mod dlm_fault;
+pub mod dlm_pagesize;
 pub mod thp_baseline;
 
 /// Every experiment, in the order `pagewise eval all` runs them.
 pub fn all() -> Vec<&'static dyn Experiment> {
-    vec![&thp_baseline::ThpBaseline, &dlm_fault::DlmFault]
+    vec![&thp_baseline::ThpBaseline, &dlm_fault::DlmFault, &dlm_pagesize::DlmPagesize]
 }
