@@ -27,6 +27,8 @@ pub fn pagewise_bin() -> PathBuf {
 pub struct ServerProc {
     pub child: Child,
     pub addr: String,
+    /// Everything the server logged on stderr after its banner.
+    pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl ServerProc {
@@ -37,7 +39,7 @@ impl ServerProc {
     /// Start through `cmd` (e.g. `ip netns exec NS pagewise`), listening on `listen`.
     pub fn start_with(mut cmd: Command, listen: &str, capacity: &str) -> Self {
         let mut child = cmd
-            .args(["dlm-server", "--listen", listen, "--capacity", capacity, "--json"])
+            .args(["dlm-server", "--listen", listen, "--capacity", capacity, "--json", "--verbose"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -52,13 +54,15 @@ impl ServerProc {
             .unwrap_or_else(|| panic!("unexpected server banner {line:?}"))
             .to_string();
         // Keep draining stderr so the server never blocks on a full pipe.
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = std::sync::Arc::clone(&log);
         std::thread::spawn(move || {
             let mut l = String::new();
             while err.read_line(&mut l).map(|n| n > 0).unwrap_or(false) {
-                l.clear();
+                sink.lock().unwrap().push(std::mem::take(&mut l));
             }
         });
-        ServerProc { child, addr }
+        ServerProc { child, addr, log }
     }
 
     pub fn kill(&mut self) {
