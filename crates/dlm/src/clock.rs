@@ -110,7 +110,8 @@ mod tests {
         c.touch(b);
         c.remove(a);
         // The hand is past 'a'; 'b' was touched again, so 'c' goes.
-        assert_eq!(c.get(c.victim().unwrap()), Some(&'c'));
+        let v = c.victim().unwrap();
+        assert_eq!(c.get(v), Some(&'c'));
     }
 
     #[test]

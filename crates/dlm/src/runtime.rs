@@ -361,6 +361,43 @@ impl Dlm {
         before
     }
 
+    /// Check the runtime's bookkeeping against itself: the resident byte count equals the pages
+    /// resident or in flight, every resident page belongs to a live CLOCK entry covering it,
+    /// and the limit holds. For tests; returns what is wrong.
+    pub fn audit(&self) -> Result<(), String> {
+        let st = self.inner.lock();
+        let b = self.inner.cfg.base_page;
+        let mut pages = 0usize;
+        let mut entries = std::collections::HashSet::new();
+        for (ai, a) in st.areas.iter().enumerate() {
+            let Some(a) = a else { continue };
+            for (p, &s) in a.slot.iter().enumerate() {
+                if s == NONE {
+                    continue;
+                }
+                pages += 1;
+                if s == INFLIGHT {
+                    continue;
+                }
+                let e = st.clock.get(s as usize).ok_or(format!("page {p} of area {ai} names dead slot {s}"))?;
+                if e.area as usize != ai || p < e.first as usize || p >= (e.first + e.count) as usize {
+                    return Err(format!("page {p} of area {ai}: slot {s} covers {:?}", e));
+                }
+                entries.insert(s);
+            }
+        }
+        if pages * b != st.resident {
+            return Err(format!("resident {} bytes, pages say {}", st.resident, pages * b));
+        }
+        if entries.len() != st.clock.len() {
+            return Err(format!("{} live CLOCK entries, pages reference {}", st.clock.len(), entries.len()));
+        }
+        if st.resident > self.inner.cfg.local_mem {
+            return Err(format!("resident {} over the limit {}", st.resident, self.inner.cfg.local_mem));
+        }
+        Ok(())
+    }
+
     /// Ask one memory server for its statistics (a STATS request).
     pub fn server_stats(&self, server: usize) -> Result<crate::server::ServerStats, DlmError> {
         let mut st = self.inner.lock();
@@ -660,14 +697,23 @@ impl Inner {
     /// installed at once; others get a READ).
     fn request(&self, st: &mut State, ai: usize, first: usize, count: usize, readahead: bool) {
         let b = self.cfg.base_page;
-        let missing = {
-            let a = st.areas[ai].as_ref().expect("live");
-            a.slot[first..first + count].iter().filter(|&&s| s == NONE).count()
+        let count_missing = |st: &State| {
+            st.areas[ai].as_ref().expect("live").slot[first..first + count].iter().filter(|&&s| s == NONE).count()
         };
+        let mut missing = count_missing(st);
         if missing == 0 {
             return;
         }
-        self.make_room(st, missing * b);
+        // Making room may evict resident pages of this very unit (units of an older set count
+        // inside it), which then are missing too: repeat until the count is stable.
+        loop {
+            self.make_room(st, missing * b);
+            let now = count_missing(st);
+            if now == missing {
+                break;
+            }
+            missing = now;
+        }
         let a = st.areas[ai].as_mut().expect("live");
         let needs_home = (first..first + count).any(|p| a.slot[p] == NONE && a.home_written[p]);
         for p in first..first + count {

@@ -84,6 +84,9 @@ fn scenario(mode: FaultMode) {
             std::thread::yield_now();
         }
         dlm.set_count(s).unwrap();
+        // Regression: making room could evict pages of the unit being requested, which were
+        // then fetched without being counted, and the resident count fell behind.
+        dlm.audit().unwrap();
     }
     for h in hs {
         h.join().unwrap();
@@ -92,6 +95,7 @@ fn scenario(mode: FaultMode) {
     for c in 0..chunks {
         check(base, c, versions[c].load(Ordering::Relaxed));
     }
+    dlm.audit().unwrap();
     let st = dlm.stats();
     eprintln!("stats: {}", serde_json::to_string(&st).unwrap());
     assert!(st.peak_resident_bytes <= local, "resident {} over limit {local}", st.peak_resident_bytes);
