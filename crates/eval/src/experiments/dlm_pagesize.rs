@@ -91,7 +91,7 @@ impl Grid {
     fn line(&self, start: usize, stride: usize, c: &mut [f64]) {
         let [u, rhs, ..] = self.a;
         let n = self.n;
-        // SAFETY (whole body): every index is start + k*stride with k < n, inside the arrays.
+        // SAFETY: every index is start + k*stride with k < n, inside the arrays (whole body).
         unsafe {
             let mut c_prev = 0.0;
             let mut d_prev = 0.0;
@@ -122,20 +122,21 @@ impl Grid {
         let mut lines = 0usize;
         let mut late = || {
             lines += 1;
-            lines % 16 == 0 && Instant::now() > deadline
+            lines.is_multiple_of(16) && Instant::now() > deadline
         };
         if !self.compute_rhs(&mut late) {
             return false;
         }
-        let sweeps: [(usize, Box<dyn Fn(usize, usize) -> usize>); 3] = [
-            (1, Box::new(|p, q| self.idx(0, p, q))),
-            (n, Box::new(|p, q| self.idx(p, 0, q))),
-            (n * n, Box::new(|p, q| self.idx(p, q, 0))),
-        ];
-        for (stride, start) in &sweeps {
+        // (direction, stride): lines along x, y, z; p is the faster of the other two axes.
+        for (dir, stride) in [(0, 1), (1, n), (2, n * n)] {
             for q in 0..n {
                 for p in 0..n {
-                    self.line(start(p, q), *stride, &mut c);
+                    let start = match dir {
+                        0 => self.idx(0, p, q),
+                        1 => self.idx(p, 0, q),
+                        _ => self.idx(p, q, 0),
+                    };
+                    self.line(start, stride, &mut c);
                     if late() {
                         return false;
                     }
