@@ -73,6 +73,8 @@ const MAX_PENDING: usize = 2048;
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Stats {
     pub mode: &'static str,
+    /// The userfaultfd handles user-mode faults only (an unprivileged process).
+    pub uffd_user_mode_only: bool,
     pub base_page: usize,
     pub set_count: u32,
     pub max_set: u32,
@@ -164,14 +166,27 @@ pub struct Dlm {
 pub(crate) static ACTIVE: AtomicPtr<Inner> = AtomicPtr::new(std::ptr::null_mut());
 static INITIALISED: AtomicBool = AtomicBool::new(false);
 
-fn open_uffd(mode: FaultMode) -> Result<Uffd, pagewise_kernel::Error> {
-    let mut b = UffdBuilder::new().require(feature::PAGEFAULT_FLAG_WP);
-    if mode == FaultMode::Sigbus {
-        b = b.require(feature::SIGBUS);
-    } else {
-        b = b.nonblocking(true);
+/// Open the userfaultfd for `mode`; returns it and whether it handles user-mode faults only.
+///
+/// Without CAP_SYS_PTRACE and with vm.unprivileged_userfaultfd=0, userfaultfd(2) is still
+/// allowed with UFFD_USER_MODE_ONLY (Linux 5.11, fs/userfaultfd.c userfaultfd_syscall_allowed).
+/// Such a descriptor does not see faults taken inside the kernel (a read(2) into a missing DLM
+/// page gets EFAULT) — which the SIGBUS mode cannot serve anyway — so an unprivileged program
+/// still gets the userfaultfd path; PROT_NONE + SIGSEGV remains for kernels or sandboxes
+/// (e.g. container seccomp profiles) where userfaultfd cannot be opened at all.
+fn open_uffd(mode: FaultMode) -> Result<(Uffd, bool), pagewise_kernel::Error> {
+    let builder = |user_mode_only: bool| {
+        let b = UffdBuilder::new().require(feature::PAGEFAULT_FLAG_WP).user_mode_only(user_mode_only);
+        if mode == FaultMode::Sigbus {
+            b.require(feature::SIGBUS)
+        } else {
+            b.nonblocking(true)
+        }
+    };
+    match builder(false).open() {
+        Ok(u) => Ok((u, false)),
+        Err(first) => builder(true).open().map(|u| (u, true)).map_err(|_| first),
     }
-    b.open()
 }
 
 impl Dlm {
@@ -191,13 +206,16 @@ impl Dlm {
     }
 
     fn start(cfg: Config) -> Result<Dlm, DlmError> {
-        let (mode, uffd) = match cfg.fault_mode {
-            FaultMode::Sigsegv => (FaultMode::Sigsegv, None),
+        let (mode, uffd, user_mode_only) = match cfg.fault_mode {
+            FaultMode::Sigsegv => (FaultMode::Sigsegv, None, false),
             FaultMode::Auto => match open_uffd(FaultMode::Sigbus) {
-                Ok(u) => (FaultMode::Sigbus, Some(u)),
-                Err(_) => (FaultMode::Sigsegv, None),
+                Ok((u, umo)) => (FaultMode::Sigbus, Some(u), umo),
+                Err(_) => (FaultMode::Sigsegv, None, false),
             },
-            m => (m, Some(open_uffd(m).map_err(DlmError::Kernel)?)),
+            m => {
+                let (u, umo) = open_uffd(m).map_err(DlmError::Kernel)?;
+                (m, Some(u), umo)
+            }
         };
         let mut conns = Vec::new();
         for addr in &cfg.servers {
@@ -220,6 +238,7 @@ impl Dlm {
             zeros: vec![0u8; cfg.block()],
             stats: Stats {
                 mode: mode.name(),
+                uffd_user_mode_only: user_mode_only,
                 base_page: cfg.base_page,
                 max_set: cfg.max_set,
                 local_limit: cfg.local_mem,

@@ -124,7 +124,13 @@ fn populate(dlm: &Dlm, base: *mut u8, bytes: usize) {
 }
 
 /// Latency of `n` read faults on random units of `size` bytes.
-fn fault_latency(server: &str, mode: FaultMode, size: usize, n: usize, seed: u64) -> anyhow::Result<Latency> {
+fn fault_latency(
+    server: &str,
+    mode: FaultMode,
+    size: usize,
+    n: usize,
+    seed: u64,
+) -> anyhow::Result<(Latency, Latency)> {
     let units = n.max(8);
     let bytes = units * size;
     let set = (size / (4 * KIB)) as u32;
@@ -145,8 +151,22 @@ fn fault_latency(server: &str, mode: FaultMode, size: usize, n: usize, seed: u64
     }
     let st = dlm.stats();
     anyhow::ensure!(st.fetched_units as usize >= n, "only {} fetches for {n} faults", st.fetched_units);
+    // The dirty-tracking cost: the first write to each now-resident (write-protected) unit.
+    let mut wp = Latency::new();
+    for u in 0..n.min(units) {
+        // SAFETY: inside the area.
+        let p = unsafe { base.add(u * size + 8) };
+        // SAFETY: resident or not, the write is served by the runtime.
+        let resident_before = unsafe { base.add(u * size).read_volatile() } == 1;
+        let t = Instant::now();
+        // SAFETY: as above.
+        unsafe { p.write_volatile(7) };
+        if resident_before {
+            wp.record(t.elapsed());
+        }
+    }
     dlm.shutdown();
-    Ok(lat)
+    Ok((lat, wp))
 }
 
 fn pingpong(server: &str, size: usize, n: usize, seed: u64) -> anyhow::Result<Latency> {
@@ -281,17 +301,20 @@ impl Experiment for DlmFault {
                 for &size in &sizes {
                     let n = n_faults.min((64 << 20) / size);
                     let res = interleave(ctx, &ways, reps, |&w, rep| match w {
-                        Way::PingPong => pingpong(&addr, size, n, rep as u64),
+                        Way::PingPong => Ok((pingpong(&addr, size, n, rep as u64)?, Latency::new())),
                         Way::Mode(m) => fault_latency(&addr, m, size, n, rep as u64),
                     })?;
-                    let merged: Vec<Latency> = res
-                        .iter()
-                        .map(|v| {
-                            let mut l = Latency::new();
-                            v.iter().for_each(|x| l.merge(x));
-                            l
-                        })
-                        .collect();
+                    let merge = |pick: fn(&(Latency, Latency)) -> &Latency| -> Vec<Latency> {
+                        res.iter()
+                            .map(|v| {
+                                let mut l = Latency::new();
+                                v.iter().for_each(|x| l.merge(pick(x)));
+                                l
+                            })
+                            .collect()
+                    };
+                    let merged = merge(|x| &x.0);
+                    let wp: Vec<_> = merge(|x| &x.1).iter().map(|l| l.summary()).collect();
                     let s: Vec<_> = merged.iter().map(|l| l.summary()).collect();
                     let best = s[1].p50_us.min(s[2].p50_us);
                     lat_table.row([
@@ -301,6 +324,7 @@ impl Experiment for DlmFault {
                         format!("{:.1} / {:.1}", s[1].p50_us, s[1].p99_us),
                         format!("{:.1} / {:.1}", s[2].p50_us, s[2].p99_us),
                         format!("{:.2}", ratio(best, s[0].p50_us)),
+                        format!("{:.1} / {:.1}", wp[1].p50_us, wp[2].p50_us),
                     ]);
                     for (i, x) in s.iter().enumerate() {
                         pts[i].push(((size / KIB) as f64, x.p50_us));
@@ -311,6 +335,7 @@ impl Experiment for DlmFault {
                         report.figure(&format!("fault_thread_{k}k_us"), s[1].p50_us);
                         report.figure(&format!("fault_sigbus_{k}k_us"), s[2].p50_us);
                         report.figure(&format!("fault_sigbus_{k}k_p99_us"), s[2].p99_us);
+                        report.figure(&format!("first_write_sigbus_{k}k_us"), wp[2].p50_us);
                         if size == 16 * KIB {
                             report.figure("fault_vs_pingpong_16k", ratio(s[2].p50_us, s[0].p50_us));
                             report.figure("fault_thread_vs_pingpong_16k", ratio(s[1].p50_us, s[0].p50_us));
@@ -381,7 +406,9 @@ impl Experiment for DlmFault {
         report.data = json!(data);
         report.note(
             "fault_vs_pingpong_16k and stream_vs_tcp_ratio are for the SIGBUS mode (the default) in the first \
-             placement (cross-core when 2+ CPUs). TCP request/reply = a 32-byte READ request and a page-sized \
+             placement (cross-core when 2+ CPUs). 'first write' = a store to a unit that is resident and \
+             still write-protected: the cost of synchronous userfaultfd write-protect dirty tracking, once \
+             per unit between evictions. TCP request/reply = a 32-byte READ request and a page-sized \
              reply between this process and the same server process, no fault involved. The machine's 2 cores \
              are shared with other work: expect noise.",
         );
