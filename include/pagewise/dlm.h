@@ -19,7 +19,10 @@ extern "C" {
 enum dlm_fault_mode {
     DLM_FAULT_AUTO = 0,           /* fastest available: SIGBUS, else SIGSEGV */
     DLM_FAULT_HANDLER_THREAD = 1, /* a thread reads userfaultfd messages */
-    DLM_FAULT_SIGBUS = 2,         /* userfaultfd SIGBUS, served on the faulting thread */
+    DLM_FAULT_SIGBUS = 2,         /* userfaultfd SIGBUS, served on the faulting thread; a system
+                                   * call meeting a missing DLM page (read(2) into it) fails with
+                                   * EFAULT: use HANDLER_THREAD for programs that hand DLM memory
+                                   * to the kernel */
     DLM_FAULT_SIGSEGV = 3,        /* no userfaultfd: PROT_NONE + SIGSEGV + mprotect */
 };
 
