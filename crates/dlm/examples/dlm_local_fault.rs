@@ -37,6 +37,24 @@ fn main() {
         w.push(s.elapsed().as_nanos() as u64);
     }
     w.sort();
+    // For comparison with WP_ASYNC dirty tracking: one PAGEMAP_SCAN of a unit for written pages
+    // (what eviction would cost per unit instead of a first-write fault).
+    let scanner = pagewise_kernel::pagemap_scan::PagemapScanner::open(pagewise_kernel::procfs::Pid::SelfProcess)
+        .expect("pagemap");
+    let q = pagewise_kernel::pagemap_scan::ScanQuery {
+        required: pagewise_kernel::pagemap_scan::category::WRITTEN,
+        ..Default::default()
+    };
+    let mut out = Vec::with_capacity(64);
+    let mut sc = Vec::with_capacity(n);
+    for u in 0..n {
+        let a = base as usize + u * unit;
+        let s = Instant::now();
+        scanner.scan(a, a + unit, &q, &mut out).expect("PAGEMAP_SCAN");
+        sc.push(s.elapsed().as_nanos() as u64);
+    }
+    sc.sort();
+    println!("PAGEMAP_SCAN of one {} KiB unit: p50 {} ns", unit >> 10, sc[n / 2]);
     let st = dlm.stats();
     println!(
         "{:?} unit {} KiB: zero-fill fault p50 {} ns, first write p50 {} ns (faults {}, wp {}, zero units {})",
