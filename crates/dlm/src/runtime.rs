@@ -336,18 +336,12 @@ impl Dlm {
             _view: view,
             staging,
         };
-        let idx = match st.areas.iter().position(|a| a.is_none()) {
-            Some(i) => {
-                st.areas[i] = Some(area);
-                i
-            }
-            None => {
-                st.areas.push(Some(area));
-                st.areas.len() - 1
-            }
-        };
+        // A freed slot is reused: free_locked drained every reply and CLOCK entry naming it.
+        match st.areas.iter().position(|a| a.is_none()) {
+            Some(i) => st.areas[i] = Some(area),
+            None => st.areas.push(Some(area)),
+        }
         st.stats.areas += 1;
-        let _ = idx;
         Ok(addr as *mut u8)
     }
 
