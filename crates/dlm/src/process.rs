@@ -1,6 +1,7 @@
 //! Memory servers as child processes (`pagewise dlm-server`), for experiments and tools.
 
 use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -41,6 +42,16 @@ impl ServerProcess {
 
     /// Start through `cmd` (already naming the binary, possibly behind a wrapper).
     pub fn spawn_cmd(mut cmd: Command, listen: &str, capacity: &str) -> std::io::Result<Self> {
+        // SAFETY: the closure only calls prctl, which is async-signal-safe. The server gets
+        // SIGTERM when the spawning thread dies, so a killed experiment leaves no server behind.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
+        };
         let mut child = cmd
             .args(["dlm-server", "--listen", listen, "--capacity", capacity, "--json"])
             .stdout(Stdio::piped())
