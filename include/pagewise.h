@@ -11,5 +11,6 @@
 #define PAGEWISE_VERSION_MINOR 1
 
 #include "pagewise/reclaim.h"
+#include "pagewise/dlm.h"
 
 #endif /* PAGEWISE_H */

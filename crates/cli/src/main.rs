@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod dlm_server;
 mod doctor;
 mod eval;
 mod reclaim;
@@ -21,6 +22,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     Doctor(doctor::Args),
+    DlmServer(dlm_server::Args),
     Eval(eval::Args),
     Reclaimd(reclaim::DaemonArgs),
     Reclaim(reclaim::Args),
@@ -30,6 +32,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Doctor(a) => doctor::run(a),
+        Command::DlmServer(a) => dlm_server::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Reclaimd(a) => reclaim::run_daemon(a),
         Command::Reclaim(a) => reclaim::run(a),

@@ -2,6 +2,8 @@
 
 use crate::Experiment;
 
+pub mod dlm_fault;
+pub mod dlm_pagesize;
 pub mod reclaim_load;
 pub mod reclaim_percore;
 pub mod reclaim_split;
@@ -9,5 +11,11 @@ pub mod thp_baseline;
 
 /// Every experiment, in the order `pagewise eval all` runs them.
 pub fn all() -> Vec<&'static dyn Experiment> {
-    vec![&thp_baseline::ThpBaseline, &reclaim_percore::ReclaimPercore, &reclaim_split::ReclaimSplit]
+    vec![
+        &thp_baseline::ThpBaseline,
+        &dlm_fault::DlmFault,
+        &dlm_pagesize::DlmPagesize,
+        &reclaim_percore::ReclaimPercore,
+        &reclaim_split::ReclaimSplit,
+    ]
 }
