@@ -11,5 +11,7 @@
 #define PAGEWISE_VERSION_MINOR 1
 
 #include "pagewise/hps.h"
+#include "pagewise/reclaim.h"
+#include "pagewise/dlm.h"
 
 #endif /* PAGEWISE_H */

@@ -6,4 +6,7 @@
 //! Convention of the ABI: functions return 0 (or a count) on success and a negative errno on
 //! failure, and never abort the calling program.
 
+/// DLM: `dlm_*` (include/pagewise/dlm.h).
+pub use pagewise_dlm::capi as dlm;
 pub use pagewise_hugepage::capi as hps;
+pub use pagewise_reclaim::capi as reclaim;

@@ -4,9 +4,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod dlm_server;
 mod doctor;
 mod eval;
 mod hps;
+mod reclaim;
 
 /// Pagewise: five research memory-management systems on the kernel you already run.
 ///
@@ -21,16 +23,22 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     Doctor(doctor::Args),
+    DlmServer(dlm_server::Args),
     Eval(eval::Args),
     Hps(hps::Args),
+    Reclaimd(reclaim::DaemonArgs),
+    Reclaim(reclaim::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Doctor(a) => doctor::run(a),
+        Command::DlmServer(a) => dlm_server::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Hps(a) => hps::run(a),
+        Command::Reclaimd(a) => reclaim::run_daemon(a),
+        Command::Reclaim(a) => reclaim::run(a),
     };
     match result {
         Ok(code) => code,

@@ -198,6 +198,93 @@ impl MemCgroup {
         }
     }
 
+    /// Kernel memory charged to the group, in bytes: v1 memory.kmem.usage_in_bytes (slab and
+    /// other kernel allocations; v1 has no slab split in memory.stat), v2 memory.stat's
+    /// `slab_reclaimable`.
+    pub fn slab_bytes(&self) -> Result<u64> {
+        match self.version {
+            Version::V1 => read_u64(self.file("memory.kmem.usage_in_bytes")),
+            Version::V2 => Ok(self.stat()?.get("slab_reclaimable").copied().unwrap_or(0)),
+        }
+    }
+
+    /// Reclaim about `bytes` from the group in the caller's context (so on the calling
+    /// thread's CPU) and return how much usage fell.
+    ///
+    /// v2: memory.reclaim. v1 has no such file; instead the limit is lowered to
+    /// `usage - bytes` and put back to `restore_to`: mm/memcontrol-v1.c
+    /// mem_cgroup_resize_max() only installs a new limit once usage is below it and until then
+    /// runs try_to_free_mem_cgroup_pages() in the writer's context. Both writes go through
+    /// `guard`, so a writer killed between them still gets the limit restored (journal).
+    /// EBUSY (nothing more reclaimable) is not an error: the usage drop says what happened.
+    pub fn reclaim_in_caller(&self, guard: &SettingsGuard, bytes: u64, restore_to: Option<u64>) -> Result<u64> {
+        self.reclaim_in_caller_within(guard, bytes, restore_to, None)
+    }
+
+    /// [`MemCgroup::reclaim_in_caller`] bounded in time: the kernel's resize loop keeps
+    /// reclaiming while the group's other tasks keep charging, so one pass can run for a long
+    /// time. A one-shot timer signals the calling thread at `deadline`, and the loop gives up
+    /// (mem_cgroup_resize_max() checks signal_pending() each round, returning EINTR).
+    pub fn reclaim_in_caller_within(
+        &self,
+        guard: &SettingsGuard,
+        bytes: u64,
+        restore_to: Option<u64>,
+        deadline: Option<Duration>,
+    ) -> Result<u64> {
+        let before = self.usage()?;
+        match self.version {
+            Version::V2 => match self.reclaim(bytes) {
+                Ok(()) => {}
+                Err(e) if e.errno() == Some(libc::EAGAIN) => {}
+                Err(e) => return Err(e),
+            },
+            Version::V1 => {
+                let file = self.file("memory.limit_in_bytes");
+                let restore = restore_to.map_or("-1".to_string(), |b| b.to_string());
+                // Journal the limit first (writing the value it has changes nothing), so a
+                // writer killed while the limit is low still gets it back.
+                guard.write(&file, &restore)?;
+                let open = || {
+                    std::fs::OpenOptions::new().write(true).open(&file).map_err(|source| Error::Write {
+                        path: file.clone(),
+                        value: "open".into(),
+                        source,
+                    })
+                };
+                // Both descriptors open before lowering: while the low limit is installed, other
+                // tasks of the group charging against it would reclaim themselves, so the
+                // restore is one write(2) right after the lowering returns.
+                let (mut low_fd, mut restore_fd) = (open()?, open()?);
+                let target = before.saturating_sub(bytes).max(4096).to_string();
+                let timer = match deadline {
+                    Some(d) => Some(ThreadTimer::arm(d)?),
+                    None => None,
+                };
+                let lowered = low_fd.write_all(target.as_bytes());
+                drop(timer);
+                // A timer signal that lands after the lowering makes the restore's own resize
+                // loop return EINTR at once (it checks signal_pending first): write again.
+                let mut restored = restore_fd.write_all(restore.as_bytes());
+                for _ in 0..100 {
+                    match &restored {
+                        Err(e) if e.raw_os_error() == Some(libc::EINTR) => {
+                            restored = restore_fd.write_all(restore.as_bytes())
+                        }
+                        _ => break,
+                    }
+                }
+                restored.map_err(|source| Error::Write { path: file.clone(), value: restore.clone(), source })?;
+                match lowered {
+                    Ok(()) => {}
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EINTR)) => {}
+                    Err(source) => return Err(Error::Write { path: file, value: target, source }),
+                }
+            }
+        }
+        Ok(before.saturating_sub(self.usage()?))
+    }
+
     /// v1: the number of times usage hit the limit.
     pub fn failcnt(&self) -> Result<u64> {
         match self.version {
@@ -214,6 +301,71 @@ impl MemCgroup {
             Version::V1 => Err(Error::Invalid("per-cgroup PSI needs cgroup v2".into())),
             Version::V2 => PsiTrigger::open(self.file("memory.pressure"), trigger),
         }
+    }
+}
+
+/// A one-shot POSIX timer that sends a no-op signal to the calling thread, to interrupt a
+/// blocking, signal-aware kernel loop (timer_create(2) with SIGEV_THREAD_ID). Disarmed on drop.
+struct ThreadTimer {
+    id: libc::timer_t,
+}
+
+/// The signal the timer sends: the first real-time signal the C library leaves free, with a
+/// handler that does nothing and no SA_RESTART, so the interrupted call returns EINTR.
+fn deadline_signal() -> libc::c_int {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    let sig = libc::SIGRTMIN() + 4;
+    INSTALL.call_once(|| {
+        extern "C" fn nothing(_: libc::c_int) {}
+        // SAFETY: plain data; a handler that touches nothing is async-signal-safe.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = nothing as *const () as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            sa.sa_flags = 0;
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    });
+    sig
+}
+
+impl ThreadTimer {
+    fn arm(after: Duration) -> Result<Self> {
+        const SIGEV_THREAD_ID: libc::c_int = 4;
+        let sig = deadline_signal();
+        // SAFETY: plain data, filled below.
+        let mut sev: libc::sigevent = unsafe { std::mem::zeroed() };
+        sev.sigev_notify = SIGEV_THREAD_ID;
+        sev.sigev_signo = sig;
+        // SAFETY: gettid has no preconditions.
+        sev.sigev_notify_thread_id = unsafe { libc::gettid() };
+        let mut id: libc::timer_t = std::ptr::null_mut();
+        // SAFETY: valid sigevent and out pointer.
+        if unsafe { libc::timer_create(libc::CLOCK_MONOTONIC, &mut sev, &mut id) } != 0 {
+            return Err(Error::last_os("timer_create"));
+        }
+        let its = libc::itimerspec {
+            it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
+            it_value: libc::timespec {
+                tv_sec: after.as_secs() as libc::time_t,
+                tv_nsec: libc::c_long::from(after.subsec_nanos().max(1) as i32),
+            },
+        };
+        // SAFETY: id was just created; its is valid.
+        if unsafe { libc::timer_settime(id, 0, &its, std::ptr::null_mut()) } != 0 {
+            let e = Error::last_os("timer_settime");
+            // SAFETY: id is a live timer.
+            unsafe { libc::timer_delete(id) };
+            return Err(e);
+        }
+        Ok(ThreadTimer { id })
+    }
+}
+
+impl Drop for ThreadTimer {
+    fn drop(&mut self) {
+        // SAFETY: id is a live timer owned by self.
+        unsafe { libc::timer_delete(self.id) };
     }
 }
 
@@ -353,6 +505,25 @@ mod tests {
             assert_eq!(g.processes().unwrap(), vec![child.id()]);
             assert!(g.usage().is_ok());
             assert!(g.stat().unwrap().len() > 5);
+            // Reclaim in the caller's context: fill the group's page cache, then take it back.
+            let file = std::env::temp_dir().join(format!("pw-cg-unit-{}", std::process::id()));
+            std::fs::write(&file, vec![1u8; 16 << 20]).unwrap();
+            std::fs::File::open(&file).unwrap().sync_all().unwrap();
+            crate::pagecache::drop_file_cache(&file).unwrap();
+            let mut reader = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("sleep 0.3; cat {} > /dev/null", file.display()))
+                .spawn()
+                .unwrap();
+            g.add_process(reader.id()).unwrap();
+            assert!(reader.wait().unwrap().success());
+            let usage = g.usage().unwrap();
+            assert!(usage >= 8 << 20, "page cache charged: {usage}");
+            let freed = g.reclaim_in_caller(&guard, 8 << 20, Some(64 << 20)).unwrap();
+            assert!(freed >= 4 << 20, "freed {freed} of {usage}");
+            assert_eq!(g.limit().unwrap(), Some(64 << 20), "limit restored");
+            assert!(g.slab_bytes().is_ok());
+            std::fs::remove_file(&file).unwrap();
             drop(guard);
             assert!(!path.exists(), "group removed with its task moved out");
             child.kill().unwrap();

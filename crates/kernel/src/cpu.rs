@@ -98,6 +98,44 @@ pub fn set_affinity_of(pid: i32, cpus: &BTreeSet<usize>) -> Result<()> {
     Ok(())
 }
 
+/// The pids of the kswapd kernel threads (`kswapdN`, one per node), from /proc/PID/comm.
+pub fn kswapd_pids() -> Result<Vec<i32>> {
+    let dir = std::fs::read_dir("/proc").map_err(|source| Error::Read { path: "/proc".into(), source })?;
+    let mut out = Vec::new();
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        if let Ok(comm) = read_trimmed(format!("/proc/{pid}/comm")) {
+            if comm.strip_prefix("kswapd").is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit())) {
+                out.push(pid);
+            }
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// Run the calling thread under SCHED_FIFO at `priority` (1..=99), or back under SCHED_OTHER
+/// with 0. A reclaim worker uses it so its wake-up preempts the work on its core at once.
+pub fn set_fifo_priority(priority: i32) -> Result<()> {
+    if !(0..=99).contains(&priority) {
+        return Err(Error::Invalid(format!("SCHED_FIFO priority {priority} outside 0..=99")));
+    }
+    let policy = if priority == 0 { libc::SCHED_OTHER } else { libc::SCHED_FIFO };
+    let param = libc::sched_param { sched_priority: priority };
+    // SAFETY: a valid sched_param; pid 0 is the calling thread.
+    if unsafe { libc::sched_setscheduler(0, policy, &param) } != 0 {
+        return Err(Error::last_os("sched_setscheduler"));
+    }
+    Ok(())
+}
+
+/// Pin another task to `cpus` under `guard`, which gives it back its current affinity.
+pub fn pin_task(guard: &crate::guard::SettingsGuard, pid: i32, cpus: &BTreeSet<usize>) -> Result<()> {
+    let before = affinity(pid)?;
+    guard.record_affinity(pid, &before);
+    set_affinity_of(pid, cpus)
+}
+
 /// The CPU the calling thread runs on right now.
 pub fn current_cpu() -> usize {
     // SAFETY: no preconditions.
@@ -131,6 +169,24 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn guard_gives_a_pinned_task_its_affinity_back() {
+        let online = online_cpus().unwrap();
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let pid = child.id() as i32;
+        let before = affinity(pid).unwrap();
+        {
+            let guard = crate::guard::SettingsGuard::new_without_signal_handler();
+            let first = BTreeSet::from([*online.iter().next().unwrap()]);
+            pin_task(&guard, pid, &first).unwrap();
+            pin_task(&guard, pid, &first).unwrap();
+            assert_eq!(affinity(pid).unwrap(), first);
+        }
+        assert_eq!(affinity(pid).unwrap(), before);
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     proptest! {

@@ -32,6 +32,8 @@ pub enum Undo {
     RemoveDir { path: PathBuf, parent_procs: Option<PathBuf> },
     /// Unmount a filesystem the guard mounted (tracefs).
     Unmount { path: PathBuf },
+    /// Give a task (a kernel thread such as kswapd) back its CPU affinity, a cpulist.
+    RestoreAffinity { pid: i32, cpus: String },
 }
 
 struct Inner {
@@ -101,6 +103,16 @@ impl SettingsGuard {
     /// Record that this guard mounted `path`.
     pub fn record_mount(&self, path: impl Into<PathBuf>) {
         self.push(Undo::Unmount { path: path.into() });
+    }
+
+    /// Record `pid`'s CPU affinity before the first change this guard makes to it.
+    pub fn record_affinity(&self, pid: i32, cpus: &std::collections::BTreeSet<usize>) {
+        let mut undo = self.lock();
+        let known = undo.iter().any(|u| matches!(u, Undo::RestoreAffinity { pid: p, .. } if *p == pid));
+        if !known {
+            undo.push(Undo::RestoreAffinity { pid, cpus: crate::cpu::format_cpulist(cpus) });
+            self.persist(&undo);
+        }
     }
 
     fn record_file(&self, path: &Path, original: String) {
@@ -174,12 +186,21 @@ pub fn apply_undo(steps: Vec<Undo>) -> Vec<Error> {
             Undo::RestoreFile { path, original } => write_file(path, original),
             Undo::RemoveDir { path, parent_procs } => remove_dir(path, parent_procs.as_deref()),
             Undo::Unmount { path } => crate::tracefs::unmount(path),
+            Undo::RestoreAffinity { pid, cpus } => restore_affinity(*pid, cpus),
         };
         if let Err(e) = result {
             errors.push(e);
         }
     }
     errors
+}
+
+fn restore_affinity(pid: i32, cpus: &str) -> Result<()> {
+    match crate::cpu::set_affinity_of(pid, &crate::cpu::parse_cpulist(cpus)?) {
+        // ESRCH: the task is gone; nothing to restore.
+        Err(e) if e.errno() == Some(libc::ESRCH) => Ok(()),
+        other => other,
+    }
 }
 
 fn remove_dir(path: &Path, parent_procs: Option<&Path>) -> Result<()> {

@@ -17,6 +17,7 @@ pub mod error;
 pub mod guard;
 pub mod mem;
 pub mod page_idle;
+pub mod pagecache;
 pub mod pagemap_scan;
 pub mod probe;
 pub mod procfs;

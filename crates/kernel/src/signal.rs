@@ -125,6 +125,33 @@ pub fn install_handler(sig: i32, handler: ValueHandler) -> Result<()> {
     Ok(())
 }
 
+/// Install `handler` for `sig` (SA_SIGINFO | SA_RESTART) and return the action it replaced, so
+/// the caller can chain to it and put it back ([`set_action`]).
+pub fn swap_handler(sig: i32, handler: ValueHandler) -> Result<libc::sigaction> {
+    // SAFETY: a zeroed sigaction with a valid handler and empty mask is well formed; old is
+    // valid output storage.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = handler as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(sig, &sa, &mut old) != 0 {
+            return Err(Error::last_os("sigaction"));
+        }
+        Ok(old)
+    }
+}
+
+/// Set the action of `sig` (e.g. the one [`swap_handler`] returned).
+pub fn set_action(sig: i32, action: &libc::sigaction) -> Result<()> {
+    // SAFETY: action is a valid sigaction.
+    if unsafe { libc::sigaction(sig, action, std::ptr::null_mut()) } != 0 {
+        return Err(Error::last_os("sigaction"));
+    }
+    Ok(())
+}
+
 /// Restore the default disposition of `sig`.
 pub fn reset_handler(sig: i32) -> Result<()> {
     // SAFETY: SIG_DFL with an empty mask is well formed.

@@ -30,9 +30,19 @@ pub fn supported() -> bool {
     read_file("/proc/filesystems").map(|t| t.lines().any(|l| l.trim_end().ends_with("tracefs"))).unwrap_or(false)
 }
 
-/// Mount tracefs at /sys/kernel/tracing when no tracefs is mounted; the guard unmounts it.
+/// Marks a tracefs mount made by Pagewise, so the last Pagewise user unmounts it and a mount
+/// made by someone else is never touched.
+pub const MOUNT_MARKER: &str = "/run/pagewise/tracefs-mounted-by-pagewise";
+
+/// Mount tracefs at /sys/kernel/tracing when no tracefs is mounted. Every guard that uses a
+/// Pagewise-made mount records an unmount; the one that finds no trace instances left when it
+/// undoes performs it, so concurrent Pagewise tracers never pull the mount from under each
+/// other.
 pub fn mount_if_absent(guard: &SettingsGuard) -> Result<PathBuf> {
     if let Some(p) = mounted() {
+        if Path::new(MOUNT_MARKER).exists() {
+            guard.record_mount(&p);
+        }
         return Ok(p);
     }
     let target = std::ffi::CString::new(TRACEFS).expect("static path");
@@ -42,22 +52,32 @@ pub fn mount_if_absent(guard: &SettingsGuard) -> Result<PathBuf> {
     if rc != 0 {
         return Err(Error::last_os("mount(tracefs, /sys/kernel/tracing)"));
     }
+    if let Some(dir) = Path::new(MOUNT_MARKER).parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let _ = std::fs::write(MOUNT_MARKER, std::process::id().to_string());
     guard.record_mount(TRACEFS);
     Ok(PathBuf::from(TRACEFS))
 }
 
-/// Unmount tracefs (the guard's undo step).
+/// Unmount a Pagewise-made tracefs (the guard's undo step), unless trace instances remain:
+/// then another Pagewise tracer still uses it and its guard unmounts later.
 pub fn unmount(path: &Path) -> Result<()> {
+    let in_use = std::fs::read_dir(path.join("instances")).map(|mut d| d.next().is_some()).unwrap_or(false);
+    if in_use || !Path::new(MOUNT_MARKER).exists() {
+        return Ok(());
+    }
     let target = std::ffi::CString::new(path.as_os_str().to_string_lossy().as_bytes())
         .map_err(|_| Error::Invalid("path with NUL".into()))?;
     // SAFETY: valid C string. MNT_DETACH: an open trace_pipe elsewhere must not block undo.
     if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
         let err = std::io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EINVAL) {
-            return Ok(()); // not mounted any more
+        if err.raw_os_error() != Some(libc::EINVAL) {
+            return Err(Error::Syscall { call: "umount2(tracefs)", source: err });
         }
-        return Err(Error::Syscall { call: "umount2(tracefs)", source: err });
+        // EINVAL: not mounted any more.
     }
+    let _ = std::fs::remove_file(MOUNT_MARKER);
     Ok(())
 }
 
@@ -263,5 +283,26 @@ mod tests {
         assert!(inst.drain().unwrap().is_empty());
         drop(guard);
         assert!(!dir.exists(), "instance removed by the guard");
+    }
+
+    #[test]
+    fn concurrent_users_keep_the_mount_until_the_last_leaves() {
+        if !supported() {
+            eprintln!("skipped: no tracefs");
+            return;
+        }
+        let first = SettingsGuard::new_without_signal_handler();
+        let second = SettingsGuard::new_without_signal_handler();
+        let (Ok(a), Ok(b)) = (Instance::create(&first), Instance::create(&second)) else {
+            eprintln!("skipped: cannot create trace instances");
+            return;
+        };
+        let b_dir = b.dir().to_path_buf();
+        drop(first);
+        assert!(!a.dir().exists());
+        assert!(b_dir.is_dir(), "the second user's instance survives the first guard");
+        b.enable("vmscan", "mm_vmscan_kswapd_wake").unwrap();
+        drop(second);
+        assert!(!b_dir.exists());
     }
 }

@@ -169,7 +169,7 @@ static SIGBUS_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::n
 static SIGBUS_OWNED: AtomicBool = AtomicBool::new(false);
 static SIGBUS_FAULTS: AtomicU64 = AtomicU64::new(0);
 
-extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo to SA_SIGINFO handlers; si_addr is the fault.
     let addr = unsafe { (*info).si_addr() } as usize;
     let page = addr & !(PAGE - 1);
@@ -188,15 +188,38 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut
             }
         }
     }
-    // Not a tracked page: a real bus error. Restore the default action; returning re-executes
-    // the access, which then terminates the process as it would have without us.
-    // SAFETY: sigaction(2) is async-signal-safe; SIG_DFL with an empty mask is well formed.
+    // Not a tracked page: somebody else's SIGBUS (another userfaultfd user such as DLM, or a
+    // real bus error). Hand it to the handler we replaced: call it directly if it is a
+    // function, otherwise reinstall its default/ignore disposition and return, so the access
+    // repeats and meets it as if we had never been installed.
+    let prev = PREV_BUS.load(Ordering::Acquire);
+    // SAFETY: PREV_BUS points at the sigaction saved by `with_delivery` (never freed while the
+    // handler can run); sigaction(2) is async-signal-safe; calling the previous handler with
+    // the arguments the kernel gave us is what it expects.
     unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = libc::SIG_DFL;
-        libc::sigaction(sig, &sa, std::ptr::null_mut());
+        if prev.is_null() {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+            return;
+        }
+        let p = &*prev;
+        if p.sa_sigaction == libc::SIG_DFL || p.sa_sigaction == libc::SIG_IGN {
+            libc::sigaction(sig, p, std::ptr::null_mut());
+        } else if p.sa_flags & libc::SA_SIGINFO != 0 {
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                std::mem::transmute(p.sa_sigaction);
+            f(sig, info, ctx);
+        } else {
+            let f: extern "C" fn(libc::c_int) = std::mem::transmute(p.sa_sigaction);
+            f(sig);
+        }
     }
 }
+
+/// The SIGBUS action our handler replaced (leaked on purpose: a handler may still read it).
+static PREV_BUS: std::sync::atomic::AtomicPtr<libc::sigaction> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
 
 struct Inner {
     uffd: Uffd,
@@ -249,9 +272,17 @@ impl MinorTracker {
         };
         if delivery == Delivery::Sigbus {
             SIGBUS_FD.store(uffd.as_raw_fd(), Ordering::Release);
-            if let Err(e) = pagewise_kernel::signal::install_handler(libc::SIGBUS, on_sigbus) {
-                SIGBUS_OWNED.store(false, Ordering::Release);
-                return Err(e.into());
+            match pagewise_kernel::signal::swap_handler(libc::SIGBUS, on_sigbus) {
+                Ok(prev) => {
+                    let old = PREV_BUS.swap(Box::into_raw(Box::new(prev)), Ordering::AcqRel);
+                    // The previous saved action is not freed: a handler running on another
+                    // thread may still be reading it. One small leak per SIGBUS tracker.
+                    let _ = old;
+                }
+                Err(e) => {
+                    SIGBUS_OWNED.store(false, Ordering::Release);
+                    return Err(e.into());
+                }
             }
         }
         let inner = Arc::new(Inner {
@@ -432,7 +463,13 @@ impl Drop for MinorTracker {
             for r in self.ranges() {
                 retire_slot(r.start);
             }
-            let _ = pagewise_kernel::signal::reset_handler(libc::SIGBUS);
+            let prev = PREV_BUS.load(Ordering::Acquire);
+            if prev.is_null() {
+                let _ = pagewise_kernel::signal::reset_handler(libc::SIGBUS);
+            } else {
+                // SAFETY: prev is the valid sigaction saved at install.
+                let _ = pagewise_kernel::signal::set_action(libc::SIGBUS, unsafe { &*prev });
+            }
             SIGBUS_FD.store(-1, Ordering::Release);
             SIGBUS_OWNED.store(false, Ordering::Release);
         }
@@ -502,6 +539,30 @@ mod tests {
         counted_once(Delivery::Sigbus);
         // The slot is free again for the next SIGBUS tracker.
         assert!(MinorTracker::with_delivery(Delivery::Sigbus).is_ok());
+    }
+
+    static CHAINED: AtomicU64 = AtomicU64::new(0);
+
+    extern "C" fn previous(_sig: libc::c_int, _info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+        CHAINED.fetch_add(1, Ordering::Relaxed);
+    }
+
+    #[test]
+    fn a_sigbus_that_is_not_ours_goes_to_the_previous_handler_and_it_is_restored() {
+        let _turn = SIGBUS_TURN.lock().unwrap_or_else(|e| e.into_inner());
+        let before = pagewise_kernel::signal::swap_handler(libc::SIGBUS, previous).unwrap();
+        {
+            let _t = MinorTracker::with_delivery(Delivery::Sigbus).unwrap();
+            // SAFETY: raising SIGBUS synchronously on this thread; the address (null) is in
+            // no tracked range, so our handler must chain to `previous`.
+            unsafe { libc::raise(libc::SIGBUS) };
+            assert_eq!(CHAINED.load(Ordering::Relaxed), 1);
+        }
+        // Dropping the tracker put `previous` back.
+        // SAFETY: as above.
+        unsafe { libc::raise(libc::SIGBUS) };
+        assert_eq!(CHAINED.load(Ordering::Relaxed), 2);
+        pagewise_kernel::signal::set_action(libc::SIGBUS, &before).unwrap();
     }
 
     #[test]

@@ -2,11 +2,24 @@
 
 use crate::Experiment;
 
+pub mod dlm_fault;
+pub mod dlm_pagesize;
 pub mod hps_micro;
 pub mod hps_tracker_cost;
+pub mod reclaim_load;
+pub mod reclaim_percore;
+pub mod reclaim_split;
 pub mod thp_baseline;
 
 /// Every experiment, in the order `pagewise eval all` runs them.
 pub fn all() -> Vec<&'static dyn Experiment> {
-    vec![&thp_baseline::ThpBaseline, &hps_micro::HpsMicro, &hps_tracker_cost::HpsTrackerCost]
+    vec![
+        &thp_baseline::ThpBaseline,
+        &dlm_fault::DlmFault,
+        &dlm_pagesize::DlmPagesize,
+        &reclaim_percore::ReclaimPercore,
+        &reclaim_split::ReclaimSplit,
+        &hps_micro::HpsMicro,
+        &hps_tracker_cost::HpsTrackerCost,
+    ]
 }

@@ -1,0 +1,195 @@
+//! Runtime configuration: a struct, or the environment (`PAGEWISE_DLM_*`). Pure parsing.
+
+use crate::DlmError;
+
+/// How faults on a DLM area reach the runtime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultMode {
+    /// The fastest this machine offers: userfaultfd with SIGBUS delivery when userfaultfd can be
+    /// opened (measured faster than a handler thread, see dlm-fault), else SIGSEGV.
+    Auto,
+    /// A handler thread reads fault messages from the userfaultfd.
+    HandlerThread,
+    /// UFFD_FEATURE_SIGBUS: the faulting thread serves its own fault in a SIGBUS handler.
+    Sigbus,
+    /// No userfaultfd: PROT_NONE + SIGSEGV + mprotect on a memfd with a second, private view.
+    Sigsegv,
+}
+
+impl FaultMode {
+    pub fn parse(s: &str) -> Result<Self, DlmError> {
+        Ok(match s {
+            "auto" => FaultMode::Auto,
+            "thread" | "handler-thread" | "handler_thread" => FaultMode::HandlerThread,
+            "sigbus" => FaultMode::Sigbus,
+            "sigsegv" => FaultMode::Sigsegv,
+            _ => return Err(DlmError::Config(format!("unknown fault mode {s:?} (auto|thread|sigbus|sigsegv)"))),
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultMode::Auto => "auto",
+            FaultMode::HandlerThread => "handler_thread",
+            FaultMode::Sigbus => "sigbus",
+            FaultMode::Sigsegv => "sigsegv",
+        }
+    }
+}
+
+/// The runtime's configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Memory servers, `host:port` each.
+    pub servers: Vec<String>,
+    /// Most bytes of DLM pages resident on this host at any time.
+    pub local_mem: usize,
+    /// Base page size B: a power of two ≥ 4 KiB.
+    pub base_page: usize,
+    /// Largest set count (power of two); allocations are striped in blocks of B × max_set.
+    pub max_set: u32,
+    /// Set count at start (power of two ≤ max_set).
+    pub set_count: u32,
+    pub fault_mode: FaultMode,
+    /// Most units requested ahead of a sequential stream of faults (0: no read-ahead).
+    pub readahead: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            servers: Vec::new(),
+            local_mem: 64 << 20,
+            base_page: 16 << 10,
+            max_set: 8,
+            set_count: 8,
+            fault_mode: FaultMode::Auto,
+            readahead: 32,
+        }
+    }
+}
+
+/// Parse a size: bytes, or with a K/M/G suffix (powers of 1024; "KiB", "MB" accepted too).
+pub fn parse_size(s: &str) -> Result<usize, DlmError> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: usize = num.parse().map_err(|_| DlmError::Config(format!("bad size {s:?}")))?;
+    let mult: usize = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "K" | "KB" | "KIB" => 1 << 10,
+        "M" | "MB" | "MIB" => 1 << 20,
+        "G" | "GB" | "GIB" => 1 << 30,
+        "T" | "TB" | "TIB" => 1 << 40,
+        _ => return Err(DlmError::Config(format!("bad size unit in {s:?}"))),
+    };
+    n.checked_mul(mult).ok_or_else(|| DlmError::Config(format!("size {s:?} overflows")))
+}
+
+impl Config {
+    /// Read `PAGEWISE_DLM_SERVERS` (required), `PAGEWISE_DLM_LOCAL_MEM`, `PAGEWISE_DLM_PAGE_SIZE`,
+    /// `PAGEWISE_DLM_MAX_SET`, `PAGEWISE_DLM_SET_COUNT`, `PAGEWISE_DLM_FAULT_MODE`,
+    /// `PAGEWISE_DLM_READAHEAD` through `get`.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, DlmError> {
+        let mut c = Config::default();
+        let servers =
+            get("PAGEWISE_DLM_SERVERS").ok_or_else(|| DlmError::Config("PAGEWISE_DLM_SERVERS is not set".into()))?;
+        c.servers = servers.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+        if let Some(v) = get("PAGEWISE_DLM_LOCAL_MEM") {
+            c.local_mem = parse_size(&v)?;
+        }
+        if let Some(v) = get("PAGEWISE_DLM_PAGE_SIZE") {
+            c.base_page = parse_size(&v)?;
+        }
+        let num = |k: &str, v: String| {
+            v.trim().parse::<u32>().map_err(|_| DlmError::Config(format!("{k}={v:?} is not a number")))
+        };
+        if let Some(v) = get("PAGEWISE_DLM_MAX_SET") {
+            c.max_set = num("PAGEWISE_DLM_MAX_SET", v)?;
+            c.set_count = c.max_set;
+        }
+        if let Some(v) = get("PAGEWISE_DLM_SET_COUNT") {
+            c.set_count = num("PAGEWISE_DLM_SET_COUNT", v)?;
+        }
+        if let Some(v) = get("PAGEWISE_DLM_FAULT_MODE") {
+            c.fault_mode = FaultMode::parse(v.trim())?;
+        }
+        if let Some(v) = get("PAGEWISE_DLM_READAHEAD") {
+            c.readahead = num("PAGEWISE_DLM_READAHEAD", v)? as usize;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    pub fn from_env() -> Result<Self, DlmError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Largest unit in bytes.
+    pub fn block(&self) -> usize {
+        self.base_page * self.max_set as usize
+    }
+
+    pub fn validate(&self) -> Result<(), DlmError> {
+        let bad = |m: String| Err(DlmError::Config(m));
+        if self.servers.is_empty() {
+            return bad("no memory servers given".into());
+        }
+        if !self.base_page.is_power_of_two() || self.base_page < 4096 || self.base_page > (16 << 20) {
+            return bad(format!("base page size {} must be a power of two in 4 KiB..16 MiB", self.base_page));
+        }
+        if !self.max_set.is_power_of_two() || self.max_set as usize * self.base_page > (64 << 20) {
+            return bad(format!("max set count {} must be a power of two with B × max_set ≤ 64 MiB", self.max_set));
+        }
+        if !self.set_count.is_power_of_two() || self.set_count > self.max_set {
+            return bad(format!("set count {} must be a power of two ≤ max set {}", self.set_count, self.max_set));
+        }
+        if self.local_mem < 2 * self.block() {
+            return bad(format!("local memory {} is below two largest units ({})", self.local_mem, 2 * self.block()));
+        }
+        if self.readahead > 1024 {
+            return bad(format!("read-ahead {} units is more than 1024", self.readahead));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("16K").unwrap(), 16 << 10);
+        assert_eq!(parse_size("64MiB").unwrap(), 64 << 20);
+        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn env_is_read_and_validated() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        let c = Config::from_lookup(env(&[
+            ("PAGEWISE_DLM_SERVERS", "a:1, b:2"),
+            ("PAGEWISE_DLM_LOCAL_MEM", "16M"),
+            ("PAGEWISE_DLM_PAGE_SIZE", "4K"),
+            ("PAGEWISE_DLM_MAX_SET", "4"),
+        ]))
+        .unwrap();
+        assert_eq!(c.servers, vec!["a:1", "b:2"]);
+        assert_eq!((c.local_mem, c.base_page, c.max_set, c.set_count), (16 << 20, 4096, 4, 4));
+        assert!(Config::from_lookup(env(&[])).is_err());
+        assert!(
+            Config::from_lookup(env(&[("PAGEWISE_DLM_SERVERS", "a:1"), ("PAGEWISE_DLM_PAGE_SIZE", "5000")])).is_err()
+        );
+        assert!(Config::from_lookup(env(&[("PAGEWISE_DLM_SERVERS", "a:1"), ("PAGEWISE_DLM_MAX_SET", "3")])).is_err());
+        assert!(
+            Config::from_lookup(env(&[("PAGEWISE_DLM_SERVERS", "a:1"), ("PAGEWISE_DLM_LOCAL_MEM", "64K")])).is_err()
+        );
+    }
+}

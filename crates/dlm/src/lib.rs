@@ -1,0 +1,95 @@
+//! # pagewise-dlm: distributed large memory
+//!
+//! A sequential program gets memory areas larger than its host's memory: the pages live on
+//! memory servers (`pagewise dlm-server`) on other hosts, each page with a fixed home, and the
+//! host keeps copies of at most `local_mem` bytes of them. The paging unit is a *page set*:
+//! base page B × set count s, changeable while the program runs (seed 003; spec
+//! `shared/spec/dlm.md`; wire format in `PROTOCOL.md`).
+//!
+//! - [`server`]: the memory server.
+//! - [`runtime`]: the client runtime ([`Dlm`]): fault handling (userfaultfd handler thread,
+//!   userfaultfd SIGBUS, or the SIGSEGV fallback), CLOCK eviction, write-back, read-ahead.
+//! - [`clock`], [`layout`], [`config`]: the pure parts (policy, home arithmetic, parsing).
+//! - [`transport`]: the message channel (TCP), behind a trait so MPI can follow.
+//! - [`capi`]: the `dlm_*` C ABI.
+
+pub mod capi;
+pub mod clock;
+pub mod config;
+pub mod layout;
+pub mod process;
+pub mod proto;
+pub mod runtime;
+pub mod server;
+mod signals;
+pub mod transport;
+
+pub use config::{parse_size, Config, FaultMode};
+pub use runtime::{Dlm, Stats};
+
+/// Errors of the DLM runtime's API (fault-path failures stop the program instead).
+#[derive(Debug, thiserror::Error)]
+pub enum DlmError {
+    /// a bad configuration or argument
+    #[error("dlm: {0}")]
+    Config(String),
+    /// connecting to a memory server failed
+    #[error("dlm: connecting to memory server {server} failed: {source}")]
+    Connect {
+        server: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// a memory server refused or failed a request
+    #[error("dlm: memory server {server}: {detail}")]
+    Server { server: String, detail: String },
+    /// a kernel interface failed
+    #[error("dlm: {0}")]
+    Kernel(#[from] pagewise_kernel::Error),
+    /// starting the fault-handler thread failed
+    #[error("dlm: starting the fault handler thread failed: {0}")]
+    Thread(std::io::Error),
+    /// installing the fault signal handler failed
+    #[error("dlm: sigaction failed: {0}")]
+    Signal(std::io::Error),
+    /// a runtime already exists in this process
+    #[error("dlm: already initialised in this process")]
+    AlreadyInitialised,
+}
+
+impl DlmError {
+    /// The negative errno the C ABI returns for this error.
+    pub fn errno(&self) -> i32 {
+        -match self {
+            DlmError::Config(_) => libc::EINVAL,
+            DlmError::Connect { source, .. } => source.raw_os_error().unwrap_or(libc::ECONNREFUSED),
+            DlmError::Server { .. } => libc::EIO,
+            DlmError::Kernel(e) => e.errno().unwrap_or(libc::EINVAL),
+            DlmError::Thread(e) | DlmError::Signal(e) => e.raw_os_error().unwrap_or(libc::EAGAIN),
+            DlmError::AlreadyInitialised => libc::EBUSY,
+        }
+    }
+}
+
+/// Stop the program: a DLM page can no longer be served correctly. Writes the message to
+/// stderr without allocating (this may run in a signal handler) and aborts.
+pub(crate) fn fatal(args: std::fmt::Arguments<'_>) -> ! {
+    struct Buf {
+        b: [u8; 1024],
+        n: usize,
+    }
+    impl std::fmt::Write for Buf {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            let k = s.len().min(self.b.len() - self.n);
+            self.b[self.n..self.n + k].copy_from_slice(&s.as_bytes()[..k]);
+            self.n += k;
+            Ok(())
+        }
+    }
+    let mut buf = Buf { b: [0; 1024], n: 0 };
+    let _ = std::fmt::write(&mut buf, args);
+    let _ = std::fmt::Write::write_str(&mut buf, "\n");
+    // SAFETY: writing our own buffer to fd 2.
+    unsafe { libc::write(2, buf.b.as_ptr() as *const libc::c_void, buf.n) };
+    std::process::abort()
+}

@@ -1,0 +1,918 @@
+//! The client runtime: DLM areas, their fault handling, page sets, the local limit, eviction
+//! and write-back.
+//!
+//! # How a fault is served
+//! All state sits behind one mutex (`State`); a fault is served by whoever receives it — the
+//! handler thread (userfaultfd messages) or the faulting thread itself (SIGBUS / SIGSEGV
+//! handler). Serving page p at set count s:
+//! 1. the unit is the s-page range aligned to s around p (`Layout::unit`);
+//! 2. if it is already on its way (read-ahead), the replies queued before it on its home's
+//!    connection are installed in order, then it;
+//! 3. otherwise room is made under the local limit (CLOCK victims; clean ones dropped, dirty
+//!    ones written back first), a READ is sent to the home and its reply installed. Pages that
+//!    were never written back are installed as zeros without a message;
+//! 4. faults that continue a sequential run grow a read-ahead window: READs for the next units
+//!    are sent without waiting, so the stream keeps the network busy while the program works.
+//!
+//! # Dirty tracking and why not WP_ASYNC
+//! Pages are installed write-protected (UFFDIO_COPY mode WP; PROT_READ in the SIGSEGV mode); the
+//! first write faults, marks the unit dirty and un-protects it. Eviction of a dirty unit
+//! write-protects it again *before* reading it for write-back, so a concurrent writer waits for
+//! the handler and never loses a store. With UFFD_FEATURE_WP_ASYNC the kernel resolves WP faults
+//! by itself: cheaper per first write, but nothing can hold a writer back between the
+//! write-back read and MADV_DONTNEED, which loses updates from other threads. Measured
+//! (`examples/dlm_local_fault.rs`, SIGBUS mode): a first-write fault costs 6 µs per 16 KiB unit
+//! and 11 µs per 128 KiB unit, a PAGEMAP_SCAN of the unit for written pages 1.1–1.5 µs — WP_ASYNC
+//! would be about 5× cheaper per dirtied unit. Correctness decides: synchronous WP. (A program
+//! known to be single-threaded could take the cheaper path; the runtime cannot know that.)
+//!
+//! # Fault delivery: SIGBUS by default
+//! Measured by `pagewise eval dlm-fault` (2-core VM): serving the fault on the faulting thread
+//! (UFFD_FEATURE_SIGBUS) has a lower median than a handler thread at 4–64 KiB (16 KiB: 0.90×
+//! and 0.93× of the thread's in two runs): it saves the two thread wake-ups around each fault.
+//! The handler thread streamed faster in some runs; both stay selectable. SIGBUS mode cannot
+//! serve faults taken inside the kernel (a `read(2)` into a missing page returns EFAULT), which
+//! the handler thread can: programs that pass DLM memory to system calls should use it.
+//!
+//! # Where the time goes
+//! A fault costs one request/reply with the home plus the fault delivery and the install.
+//! Reply headers are busy-polled for up to 50 µs before the thread sleeps (`TcpTransport`):
+//! on this VM a wake-up costs about as much as the transfer. The install is the part that
+//! grows with the unit: UFFDIO_COPY allocates fresh pages and copies the reply into them after
+//! the socket already copied it once. Recycling evicted pages with UFFDIO_MOVE (reply received
+//! into pages that are then moved, not copied) would remove that second copy and the
+//! allocation; it needs a race-free way to keep moved pages write-protected and is not done.
+//!
+//! # Installing pages
+//! userfaultfd modes: UFFDIO_COPY, atomic per page. SIGSEGV mode: the area is a memfd mapped
+//! twice, the program's view (PROT_NONE until installed) and a private read-write view; data is
+//! copied through the private view, then the program's view is opened (mprotect), so no thread
+//! ever sees a half-copied page.
+
+use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use pagewise_kernel::mem::{madvise, memfd_create, mprotect, Advice, MapOptions, Mapping, Protection};
+use pagewise_kernel::uffd::{feature, Event, RegisterMode, Uffd, UffdBuilder};
+
+use crate::clock::Clock;
+use crate::config::{Config, FaultMode};
+use crate::layout::Layout;
+use crate::proto::{Header, Opcode, Status};
+use crate::transport::{TcpTransport, Transport};
+use crate::DlmError;
+
+/// Page table value: not resident.
+const NONE: u32 = u32::MAX;
+/// Page table value: requested from its home, reply not yet installed.
+const INFLIGHT: u32 = u32::MAX - 1;
+/// Pending replies a connection may owe at most.
+const MAX_PENDING: usize = 2048;
+
+/// Counters of the runtime (`dlm_stats`).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Stats {
+    pub mode: &'static str,
+    /// The userfaultfd handles user-mode faults only (an unprivileged process).
+    pub uffd_user_mode_only: bool,
+    pub base_page: usize,
+    pub set_count: u32,
+    pub max_set: u32,
+    pub local_limit: usize,
+    pub resident_bytes: usize,
+    pub peak_resident_bytes: usize,
+    /// Missing-page faults served.
+    pub faults: u64,
+    /// First-write (write-protect) faults served.
+    pub wp_faults: u64,
+    /// Units fetched from a home (demand and read-ahead).
+    pub fetched_units: u64,
+    pub fetched_bytes: u64,
+    pub readahead_units: u64,
+    /// Units installed as zeros because they were never written back.
+    pub zero_units: u64,
+    pub evictions: u64,
+    pub writebacks: u64,
+    pub writeback_bytes: u64,
+    pub areas: usize,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    area: u32,
+    first: u32,
+    count: u32,
+    dirty: bool,
+}
+
+enum Pending {
+    Read { area: u32, first: usize, count: usize },
+    Write { area: u32, first: usize, count: usize },
+}
+
+struct Conn {
+    t: Box<dyn Transport>,
+    addr: String,
+    next_id: u32,
+    pending: VecDeque<Pending>,
+}
+
+struct Area {
+    addr: usize,
+    len: usize,
+    layout: Layout,
+    /// Region id on each server (0: none there).
+    regions: Vec<u32>,
+    /// Per base page: clock slot, NONE or INFLIGHT.
+    slot: Vec<u32>,
+    /// Per base page: its home holds data written back (else it still reads as zeros).
+    home_written: Vec<bool>,
+    /// Sequential-stream detection: end page of the last demand fault and the window.
+    last_end: usize,
+    window: usize,
+    /// The program's view; unmapped when the area is dropped.
+    _view: Mapping,
+    /// SIGSEGV mode: the private read-write view and the memfd behind both.
+    staging: Option<(Mapping, OwnedFd)>,
+}
+
+pub(crate) struct State {
+    conns: Vec<Conn>,
+    areas: Vec<Option<Area>>,
+    clock: Clock<Entry>,
+    set_count: u32,
+    resident: usize,
+    buf: Vec<u8>,
+    zeros: Vec<u8>,
+    stats: Stats,
+}
+
+pub(crate) struct Inner {
+    cfg: Config,
+    mode: FaultMode,
+    uffd: Option<Uffd>,
+    state: Mutex<State>,
+    stop: AtomicBool,
+}
+
+/// The DLM runtime of this process (at most one at a time).
+pub struct Dlm {
+    inner: Arc<Inner>,
+    handler: Option<JoinHandle<()>>,
+    signal: Option<crate::signals::Installed>,
+}
+
+/// The runtime the signal handlers serve; set while a signal mode is active.
+pub(crate) static ACTIVE: AtomicPtr<Inner> = AtomicPtr::new(std::ptr::null_mut());
+static INITIALISED: AtomicBool = AtomicBool::new(false);
+
+/// Open the userfaultfd for `mode`; returns it and whether it handles user-mode faults only.
+///
+/// Without CAP_SYS_PTRACE and with vm.unprivileged_userfaultfd=0, userfaultfd(2) is still
+/// allowed with UFFD_USER_MODE_ONLY (Linux 5.11, fs/userfaultfd.c userfaultfd_syscall_allowed).
+/// Such a descriptor does not see faults taken inside the kernel (a read(2) into a missing DLM
+/// page gets EFAULT) — which the SIGBUS mode cannot serve anyway — so an unprivileged program
+/// still gets the userfaultfd path; PROT_NONE + SIGSEGV remains for kernels or sandboxes
+/// (e.g. container seccomp profiles) where userfaultfd cannot be opened at all.
+fn open_uffd(mode: FaultMode) -> Result<(Uffd, bool), pagewise_kernel::Error> {
+    let builder = |user_mode_only: bool| {
+        let b = UffdBuilder::new().require(feature::PAGEFAULT_FLAG_WP).user_mode_only(user_mode_only);
+        if mode == FaultMode::Sigbus {
+            b.require(feature::SIGBUS)
+        } else {
+            b.nonblocking(true)
+        }
+    };
+    match builder(false).open() {
+        Ok(u) => Ok((u, false)),
+        Err(first) => builder(true).open().map(|u| (u, true)).map_err(|_| first),
+    }
+}
+
+impl Dlm {
+    /// Connect to the servers and start serving faults.
+    pub fn init(cfg: Config) -> Result<Dlm, DlmError> {
+        cfg.validate()?;
+        if INITIALISED.swap(true, Ordering::AcqRel) {
+            return Err(DlmError::AlreadyInitialised);
+        }
+        match Self::start(cfg) {
+            Ok(d) => Ok(d),
+            Err(e) => {
+                INITIALISED.store(false, Ordering::Release);
+                Err(e)
+            }
+        }
+    }
+
+    fn start(cfg: Config) -> Result<Dlm, DlmError> {
+        let (mode, uffd, user_mode_only) = match cfg.fault_mode {
+            FaultMode::Sigsegv => (FaultMode::Sigsegv, None, false),
+            FaultMode::Auto => match open_uffd(FaultMode::Sigbus) {
+                Ok((u, umo)) => (FaultMode::Sigbus, Some(u), umo),
+                Err(_) => (FaultMode::Sigsegv, None, false),
+            },
+            m => {
+                let (u, umo) = open_uffd(m).map_err(DlmError::Kernel)?;
+                (m, Some(u), umo)
+            }
+        };
+        let mut conns = Vec::new();
+        for addr in &cfg.servers {
+            let t = TcpTransport::connect(addr).map_err(|e| DlmError::Connect { server: addr.clone(), source: e })?;
+            conns.push(Conn {
+                t: Box::new(t),
+                addr: addr.clone(),
+                next_id: 1,
+                pending: VecDeque::with_capacity(MAX_PENDING),
+            });
+        }
+        let max_units = cfg.local_mem / cfg.base_page + 1;
+        let state = State {
+            conns,
+            areas: Vec::new(),
+            clock: Clock::with_capacity(max_units),
+            set_count: cfg.set_count,
+            resident: 0,
+            buf: vec![0u8; cfg.block()],
+            zeros: vec![0u8; cfg.block()],
+            stats: Stats {
+                mode: mode.name(),
+                uffd_user_mode_only: user_mode_only,
+                base_page: cfg.base_page,
+                max_set: cfg.max_set,
+                local_limit: cfg.local_mem,
+                ..Default::default()
+            },
+        };
+        let inner = Arc::new(Inner { cfg, mode, uffd, state: Mutex::new(state), stop: AtomicBool::new(false) });
+        let mut dlm = Dlm { inner: Arc::clone(&inner), handler: None, signal: None };
+        match mode {
+            FaultMode::HandlerThread => {
+                let i = Arc::clone(&inner);
+                let h = std::thread::Builder::new()
+                    .name("dlm-fault-handler".into())
+                    .spawn(move || handler_thread(&i))
+                    .map_err(DlmError::Thread)?;
+                dlm.handler = Some(h);
+            }
+            FaultMode::Sigbus | FaultMode::Sigsegv => {
+                ACTIVE.store(Arc::as_ptr(&inner) as *mut Inner, Ordering::Release);
+                let sig = if mode == FaultMode::Sigbus { libc::SIGBUS } else { libc::SIGSEGV };
+                dlm.signal = Some(crate::signals::install(sig).map_err(DlmError::Signal)?);
+            }
+            FaultMode::Auto => unreachable!("resolved above"),
+        }
+        Ok(dlm)
+    }
+
+    /// The fault mode in use.
+    pub fn mode(&self) -> FaultMode {
+        self.inner.mode
+    }
+
+    /// A new area of `len` bytes: ordinary memory to every thread, backed by the servers.
+    pub fn alloc(&self, len: usize) -> Result<*mut u8, DlmError> {
+        if len == 0 {
+            return Err(DlmError::Config("zero-length allocation".into()));
+        }
+        let cfg = &self.inner.cfg;
+        let mut st = self.inner.lock();
+        self.inner.drain_all(&mut st);
+        let layout = Layout::new(len, cfg.base_page, cfg.max_set as usize, st.conns.len());
+        let bytes = layout.pages * cfg.base_page;
+        if layout.pages >= INFLIGHT as usize {
+            return Err(DlmError::Config(format!("allocation of {len} bytes has too many pages")));
+        }
+        let (view, staging) = if self.inner.mode == FaultMode::Sigsegv {
+            let fd = memfd_create("pagewise-dlm", None)?;
+            pagewise_kernel::mem::ftruncate(&fd, bytes as u64)?;
+            let view =
+                Mapping::of_fd(&fd, bytes, 0, &MapOptions { shared: true, no_access: true, ..Default::default() })?;
+            let stage = Mapping::of_fd(&fd, bytes, 0, &MapOptions { shared: true, ..Default::default() })?;
+            (view, Some((stage, fd)))
+        } else {
+            let view = Mapping::anonymous(bytes, &MapOptions { noreserve: true, ..Default::default() })?;
+            madvise(view.addr(), bytes, Advice::NoHugePage)?;
+            let uffd = self.inner.uffd.as_ref().expect("userfaultfd modes have a uffd");
+            uffd.register(view.addr(), bytes, RegisterMode { missing: true, write_protect: true, minor: false })?;
+            (view, None)
+        };
+        let mut regions = vec![0u32; st.conns.len()];
+        for s in 0..st.conns.len() {
+            let pages = layout.region_pages(s);
+            if pages == 0 {
+                continue;
+            }
+            let mut h = Header::request(Opcode::Alloc, 0);
+            h.page = pages as u64;
+            h.length = 4;
+            let payload = (cfg.base_page as u32).to_le_bytes();
+            let rep = st.call(s, h, &payload).inspect_err(|_| {
+                // Give back what was reserved on the servers before this one.
+                for (i, &r) in regions.iter().enumerate().take(s) {
+                    if r != 0 {
+                        let mut f = Header::request(Opcode::Free, 0);
+                        f.region = r;
+                        let _ = st.call(i, f, &[]);
+                    }
+                }
+            })?;
+            regions[s] = rep.region;
+        }
+        let addr = view.addr();
+        let area = Area {
+            addr,
+            len: bytes,
+            layout,
+            regions,
+            slot: vec![NONE; layout.pages],
+            home_written: vec![false; layout.pages],
+            last_end: usize::MAX,
+            window: 0,
+            _view: view,
+            staging,
+        };
+        // A freed slot is reused: free_locked drained every reply and CLOCK entry naming it.
+        match st.areas.iter().position(|a| a.is_none()) {
+            Some(i) => st.areas[i] = Some(area),
+            None => st.areas.push(Some(area)),
+        }
+        st.stats.areas += 1;
+        Ok(addr as *mut u8)
+    }
+
+    /// Free an area returned by [`Dlm::alloc`]: its local pages are dropped and its homes freed.
+    pub fn free(&self, ptr: *mut u8) -> Result<(), DlmError> {
+        let mut st = self.inner.lock();
+        self.inner.free_locked(&mut st, ptr as usize)
+    }
+
+    /// Change the set count (page size = base page × count) from now on.
+    pub fn set_count(&self, count: u32) -> Result<(), DlmError> {
+        if !count.is_power_of_two() || count > self.inner.cfg.max_set {
+            return Err(DlmError::Config(format!(
+                "set count {count} must be a power of two ≤ {}",
+                self.inner.cfg.max_set
+            )));
+        }
+        let mut st = self.inner.lock();
+        st.set_count = count;
+        for a in st.areas.iter_mut().flatten() {
+            a.window = 0;
+            a.last_end = usize::MAX;
+        }
+        Ok(())
+    }
+
+    pub fn stats(&self) -> Stats {
+        let st = self.inner.lock();
+        let mut s = st.stats.clone();
+        s.resident_bytes = st.resident;
+        s.set_count = st.set_count;
+        s
+    }
+
+    /// Write every dirty unit back to its home and drop every local copy (the next touch of
+    /// any page fetches it again). Returns the bytes that were resident.
+    pub fn evict_all(&self) -> usize {
+        let mut st = self.inner.lock();
+        self.inner.drain_all(&mut st);
+        let before = st.resident;
+        while let Some(v) = st.clock.victim() {
+            self.inner.evict(&mut st, v);
+        }
+        self.inner.drain_all(&mut st);
+        for a in st.areas.iter_mut().flatten() {
+            a.window = 0;
+            a.last_end = usize::MAX;
+        }
+        before
+    }
+
+    /// Check the runtime's bookkeeping against itself: the resident byte count equals the pages
+    /// resident or in flight, every resident page belongs to a live CLOCK entry covering it,
+    /// and the limit holds. For tests; returns what is wrong.
+    pub fn audit(&self) -> Result<(), String> {
+        let st = self.inner.lock();
+        let b = self.inner.cfg.base_page;
+        let mut pages = 0usize;
+        let mut entries = std::collections::HashSet::new();
+        for (ai, a) in st.areas.iter().enumerate() {
+            let Some(a) = a else { continue };
+            for (p, &s) in a.slot.iter().enumerate() {
+                if s == NONE {
+                    continue;
+                }
+                pages += 1;
+                if s == INFLIGHT {
+                    continue;
+                }
+                let e = st.clock.get(s as usize).ok_or(format!("page {p} of area {ai} names dead slot {s}"))?;
+                if e.area as usize != ai || p < e.first as usize || p >= (e.first + e.count) as usize {
+                    return Err(format!("page {p} of area {ai}: slot {s} covers {:?}", e));
+                }
+                entries.insert(s);
+            }
+        }
+        if pages * b != st.resident {
+            return Err(format!("resident {} bytes, pages say {}", st.resident, pages * b));
+        }
+        if entries.len() != st.clock.len() {
+            return Err(format!("{} live CLOCK entries, pages reference {}", st.clock.len(), entries.len()));
+        }
+        if st.resident > self.inner.cfg.local_mem {
+            return Err(format!("resident {} over the limit {}", st.resident, self.inner.cfg.local_mem));
+        }
+        Ok(())
+    }
+
+    /// Ask one memory server for its statistics (a STATS request).
+    pub fn server_stats(&self, server: usize) -> Result<crate::server::ServerStats, DlmError> {
+        let mut st = self.inner.lock();
+        if server >= st.conns.len() {
+            return Err(DlmError::Config(format!("no server {server}")));
+        }
+        self.inner.drain_all(&mut st);
+        let h = Header::request(Opcode::Stats, 0);
+        let rep = st.call_raw(server, h, &[])?;
+        let mut body = vec![0u8; rep.length as usize];
+        st.conns[server].t.recv_payload(&mut body).map_err(|e| st.lost(server, e))?;
+        serde_json::from_slice(&body).map_err(|e| DlmError::Config(format!("bad STATS reply: {e}")))
+    }
+
+    /// Free every area, stop fault handling and disconnect.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        {
+            let mut st = self.inner.lock();
+            let addrs: Vec<usize> = st.areas.iter().flatten().map(|a| a.addr).collect();
+            for a in addrs {
+                let _ = self.inner.free_locked(&mut st, a);
+            }
+        }
+        self.inner.stop.store(true, Ordering::Release);
+        if let Some(h) = self.handler.take() {
+            let _ = h.join();
+        }
+        if let Some(s) = self.signal.take() {
+            crate::signals::restore(s);
+            ACTIVE.store(std::ptr::null_mut(), Ordering::Release);
+        }
+        INITIALISED.store(false, Ordering::Release);
+    }
+}
+
+impl Drop for Dlm {
+    fn drop(&mut self) {
+        if !self.inner.stop.load(Ordering::Acquire) {
+            self.stop();
+        }
+    }
+}
+
+fn handler_thread(inner: &Inner) {
+    let uffd = inner.uffd.as_ref().expect("handler mode has a uffd");
+    let fd = std::os::fd::AsRawFd::as_raw_fd(uffd);
+    while !inner.stop.load(Ordering::Acquire) {
+        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        let rc = unsafe { libc::poll(&mut pfd, 1, 100) };
+        if rc <= 0 {
+            continue;
+        }
+        loop {
+            match uffd.read_event() {
+                Ok(Some(Event::Pagefault { addr, write, .. })) => {
+                    // A panic here would leave the faulting thread waiting forever: stop instead.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        let mut st = inner.lock();
+                        inner.serve(&mut st, addr, write);
+                    }));
+                    if r.is_err() {
+                        crate::fatal(format_args!("pagewise dlm: the fault handler failed at {addr:#x}"));
+                    }
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(e) => {
+                    crate::fatal(format_args!("pagewise dlm: reading the userfaultfd failed: {e}"));
+                }
+            }
+        }
+    }
+}
+
+/// Result of a fault lookup.
+pub(crate) enum Served {
+    Ours,
+    NotOurs,
+}
+
+impl Inner {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn free_locked(&self, st: &mut State, addr: usize) -> Result<(), DlmError> {
+        let idx = st
+            .areas
+            .iter()
+            .position(|a| a.as_ref().is_some_and(|a| a.addr == addr))
+            .ok_or_else(|| DlmError::Config(format!("{addr:#x} is not a DLM area")))?;
+        self.drain_all(st);
+        // Drop the area's clock entries.
+        let pages = st.areas[idx].as_ref().map(|a| a.layout.pages).unwrap_or(0);
+        for p in 0..pages {
+            let s = st.areas[idx].as_ref().map(|a| a.slot[p]).unwrap_or(NONE);
+            if s != NONE && s != INFLIGHT {
+                if let Some(e) = st.clock.remove(s as usize) {
+                    st.resident -= e.count as usize * self.cfg.base_page;
+                    for q in e.first..e.first + e.count {
+                        st.areas[idx].as_mut().expect("present").slot[q as usize] = NONE;
+                    }
+                }
+            }
+        }
+        let area = st.areas[idx].take().expect("present");
+        if let Some(u) = &self.uffd {
+            let _ = u.unregister(area.addr, area.len);
+        }
+        for (s, &r) in area.regions.iter().enumerate() {
+            if r != 0 {
+                let mut h = Header::request(Opcode::Free, 0);
+                h.region = r;
+                st.call(s, h, &[])?;
+            }
+        }
+        st.stats.areas -= 1;
+        drop(area);
+        Ok(())
+    }
+
+    /// Serve a fault at `addr` (write: known to be a write). Fatal on server failure.
+    pub(crate) fn serve(&self, st: &mut State, addr: usize, write: bool) -> Served {
+        let Some(ai) =
+            st.areas.iter().position(|a| a.as_ref().is_some_and(|a| addr >= a.addr && addr < a.addr + a.len))
+        else {
+            return Served::NotOurs;
+        };
+        let b = self.cfg.base_page;
+        let (page, a_addr) = {
+            let a = st.areas[ai].as_ref().expect("present");
+            ((addr - a.addr) / b, a.addr)
+        };
+        let slot = st.areas[ai].as_ref().expect("present").slot[page];
+        if slot != NONE && slot != INFLIGHT {
+            // Resident: a first write (WP / PROT_READ), or a fault that lost a race.
+            let e = *st.clock.get(slot as usize).expect("live slot");
+            st.clock.touch(slot as usize);
+            let start = a_addr + e.first as usize * b;
+            let len = e.count as usize * b;
+            if !e.dirty && (write || self.mode != FaultMode::HandlerThread) {
+                st.clock.get_mut(slot as usize).expect("live").dirty = true;
+                st.stats.wp_faults += 1;
+                self.unprotect(start, len);
+            } else if let Some(u) = &self.uffd {
+                let _ = u.wake(start, len);
+            }
+            return Served::Ours;
+        }
+        st.stats.faults += 1;
+        let set = st.set_count as usize;
+        let layout = st.areas[ai].as_ref().expect("present").layout;
+        let (first, count) = layout.unit(page, set);
+        let was_inflight = slot == INFLIGHT;
+        if !was_inflight {
+            self.request(st, ai, first, count, false);
+        }
+        // Read-ahead: a fault that continues the last one (or lands on read-ahead) grows the
+        // window; anything else resets it.
+        let ra = {
+            let a = st.areas[ai].as_mut().expect("present");
+            a.window = crate::layout::next_window(a.window, was_inflight || first == a.last_end, self.cfg.readahead);
+            a.last_end = first + count;
+            a.window
+        };
+        // Keep read-ahead within a quarter of the local limit so it never evicts the stream.
+        let ra = ra.min(self.cfg.local_mem / 4 / (set * b)).min(MAX_PENDING / 2);
+        let mut next = first + count;
+        for _ in 0..ra {
+            if next >= layout.pages {
+                break;
+            }
+            let (f, c) = layout.unit(next, set);
+            let a = st.areas[ai].as_ref().expect("present");
+            if a.slot[f..f + c].contains(&NONE) {
+                self.request(st, ai, f, c, true);
+            }
+            next = f + c;
+        }
+        // Install everything queued up to and including the faulting page.
+        let (srv, _) = layout.home(page);
+        while st.areas[ai].as_ref().expect("present").slot[page] == INFLIGHT {
+            if !self.complete_one(st, srv) {
+                crate::fatal(format_args!("pagewise dlm: internal error: page {page} in flight but nothing pending"));
+            }
+        }
+        if write {
+            // Known write: open the unit now instead of taking a second (WP) fault.
+            let s = st.areas[ai].as_ref().expect("present").slot[page] as usize;
+            if let Some(e) = st.clock.get_mut(s) {
+                if !e.dirty {
+                    e.dirty = true;
+                    let (start, len) = (a_addr + e.first as usize * b, e.count as usize * b);
+                    self.unprotect(start, len);
+                }
+            }
+        }
+        Served::Ours
+    }
+
+    fn drain_all(&self, st: &mut State) {
+        for s in 0..st.conns.len() {
+            while self.complete_one(st, s) {}
+        }
+    }
+
+    fn unprotect(&self, start: usize, len: usize) {
+        let r = match &self.uffd {
+            Some(u) => u.write_protect(start, len, false, true),
+            None => mprotect(start, len, Protection::ReadWrite),
+        };
+        if let Err(e) = r {
+            crate::fatal(format_args!("pagewise dlm: opening {start:#x}+{len:#x} for writing failed: {e}"));
+        }
+    }
+
+    /// Make room for `bytes` more under the local limit.
+    fn make_room(&self, st: &mut State, bytes: usize) {
+        while st.resident + bytes > self.cfg.local_mem {
+            match st.clock.victim() {
+                Some(v) => self.evict(st, v),
+                None => {
+                    // Only in-flight units hold the memory: install them, then they can go.
+                    if !st.conns.iter().any(|c| !c.pending.is_empty()) {
+                        crate::fatal(format_args!(
+                            "pagewise dlm: internal error: {} bytes resident, none evictable",
+                            st.resident
+                        ));
+                    }
+                    self.drain_all(st);
+                }
+            }
+        }
+    }
+
+    fn evict(&self, st: &mut State, slot: usize) {
+        let e = st.clock.remove(slot).expect("victim is live");
+        let b = self.cfg.base_page;
+        let ai = e.area as usize;
+        let (first, count) = (e.first as usize, e.count as usize);
+        let (start, len, layout) = {
+            let a = st.areas[ai].as_ref().expect("live area");
+            (a.addr + first * b, count * b, a.layout)
+        };
+        st.stats.evictions += 1;
+        if e.dirty {
+            // Hold writers back first (module doc), then ship the data home.
+            let r = match &self.uffd {
+                // DONTWAKE is refused when protecting (fs/userfaultfd.c: mode_wp && mode_dontwake).
+                Some(u) => u.write_protect(start, len, true, true),
+                None => mprotect(start, len, Protection::Read),
+            };
+            if let Err(err) = r {
+                crate::fatal(format_args!("pagewise dlm: write-protecting {start:#x}+{len:#x} failed: {err}"));
+            }
+            let (srv, spage) = layout.home(first);
+            // Replies owed on this connection are taken first: a blocking send must never wait
+            // on a server that is itself blocked sending us replies.
+            while !st.conns[srv].pending.is_empty() {
+                self.complete_one(st, srv);
+            }
+            let region = st.areas[ai].as_ref().expect("live").regions[srv];
+            let mut h = Header::request(Opcode::Write, 0);
+            h.region = region;
+            h.page = spage as u64;
+            h.set_count = count as u32;
+            h.length = len as u32;
+            // SAFETY: [start, start+len) is resident and now write-protected; reading it does
+            // not fault and nobody can change it until it is dropped below.
+            let data = unsafe { std::slice::from_raw_parts(start as *const u8, len) };
+            st.send(srv, h, data, start, len);
+            st.conns[srv].pending.push_back(Pending::Write { area: e.area, first, count });
+            st.stats.writebacks += 1;
+            st.stats.writeback_bytes += len as u64;
+            let a = st.areas[ai].as_mut().expect("live");
+            a.home_written[first..first + count].iter_mut().for_each(|w| *w = true);
+        }
+        let a = st.areas[ai].as_mut().expect("live");
+        let r = match &a.staging {
+            Some((stage, _)) => mprotect(start, len, Protection::None)
+                .and_then(|_| madvise(stage.addr() + first * b, len, Advice::Remove)),
+            None => madvise(start, len, Advice::DontNeed),
+        };
+        if let Err(err) = r {
+            crate::fatal(format_args!("pagewise dlm: dropping {start:#x}+{len:#x} failed: {err}"));
+        }
+        a.slot[first..first + count].iter_mut().for_each(|s| *s = NONE);
+        st.resident -= len;
+    }
+
+    /// Request the non-resident pages of unit [first, first+count) of area `ai` (zeros are
+    /// installed at once; others get a READ).
+    fn request(&self, st: &mut State, ai: usize, first: usize, count: usize, readahead: bool) {
+        let b = self.cfg.base_page;
+        let count_missing = |st: &State| {
+            st.areas[ai].as_ref().expect("live").slot[first..first + count].iter().filter(|&&s| s == NONE).count()
+        };
+        let mut missing = count_missing(st);
+        if missing == 0 {
+            return;
+        }
+        // Making room may evict resident pages of this very unit (units of an older set count
+        // inside it), which then are missing too: repeat until the count is stable.
+        loop {
+            self.make_room(st, missing * b);
+            let now = count_missing(st);
+            if now == missing {
+                break;
+            }
+            missing = now;
+        }
+        let a = st.areas[ai].as_mut().expect("live");
+        let needs_home = (first..first + count).any(|p| a.slot[p] == NONE && a.home_written[p]);
+        for p in first..first + count {
+            if a.slot[p] == NONE {
+                a.slot[p] = INFLIGHT;
+            }
+        }
+        st.resident += missing * b;
+        st.stats.peak_resident_bytes = st.stats.peak_resident_bytes.max(st.resident);
+        if !needs_home {
+            st.stats.zero_units += 1;
+            self.install(st, ai, first, count, None);
+            return;
+        }
+        let (srv, spage) = a.layout.home(first);
+        let mut h = Header::request(Opcode::Read, 0);
+        h.region = a.regions[srv];
+        h.page = spage as u64;
+        h.set_count = count as u32;
+        let start = a.addr + first * b;
+        st.send(srv, h, &[], start, count * b);
+        st.conns[srv].pending.push_back(Pending::Read { area: ai as u32, first, count });
+        if readahead {
+            st.stats.readahead_units += 1;
+        }
+    }
+
+    /// Take the next reply owed by server `srv`; false when none is owed.
+    fn complete_one(&self, st: &mut State, srv: usize) -> bool {
+        let Some(p) = st.conns[srv].pending.pop_front() else { return false };
+        let b = self.cfg.base_page;
+        let (ai, first, count, is_read) = match p {
+            Pending::Read { area, first, count } => (area as usize, first, count, true),
+            Pending::Write { area, first, count } => (area as usize, first, count, false),
+        };
+        let start = st.areas[ai].as_ref().map(|a| a.addr + first * b).unwrap_or(0);
+        let h = match st.conns[srv].t.recv_header() {
+            Ok(h) => h,
+            Err(e) => st.fail(srv, &format!("connection lost: {e}"), start, count * b),
+        };
+        let op = if is_read { Opcode::Read } else { Opcode::Write };
+        if h.status != Status::Ok as u16 || h.opcode != op as u8 | crate::proto::REPLY_BIT {
+            let mut msg = [0u8; 256];
+            let n = (h.length as usize).min(msg.len());
+            let _ = st.conns[srv].t.recv_payload(&mut msg[..n]);
+            let text = String::from_utf8_lossy(&msg[..n]).into_owned();
+            let name = Status::from_u16(h.status).map(|s| s.name()).unwrap_or("unknown status");
+            st.fail(srv, &format!("error reply {name} to {op:?}: {text}"), start, count * b);
+        }
+        if !is_read {
+            return true;
+        }
+        if h.length as usize != count * b {
+            st.fail(srv, &format!("READ reply of {} bytes, expected {}", h.length, count * b), start, count * b);
+        }
+        let mut buf = std::mem::take(&mut st.buf);
+        if let Err(e) = st.conns[srv].t.recv_payload(&mut buf[..count * b]) {
+            st.fail(srv, &format!("connection lost: {e}"), start, count * b);
+        }
+        st.stats.fetched_units += 1;
+        st.stats.fetched_bytes += (count * b) as u64;
+        self.install(st, ai, first, count, Some(&buf[..count * b]));
+        st.buf = buf;
+        true
+    }
+
+    /// Install the in-flight pages of a unit from `data` (None: zeros), write-protected.
+    fn install(&self, st: &mut State, ai: usize, first: usize, count: usize, data: Option<&[u8]>) {
+        let b = self.cfg.base_page;
+        let mut p = first;
+        while p < first + count {
+            if st.areas[ai].as_ref().expect("live").slot[p] != INFLIGHT {
+                p += 1;
+                continue;
+            }
+            let run_start = p;
+            while p < first + count && st.areas[ai].as_ref().expect("live").slot[p] == INFLIGHT {
+                p += 1;
+            }
+            let n = p - run_start;
+            let off = (run_start - first) * b;
+            let src = match data {
+                Some(d) => d[off..off + n * b].as_ptr(),
+                None => st.zeros.as_ptr(),
+            };
+            let a = st.areas[ai].as_ref().expect("live");
+            let dst = a.addr + run_start * b;
+            let r = match (&self.uffd, &a.staging) {
+                (Some(u), _) => {
+                    // SAFETY: src points at n*b readable bytes (the reply buffer or zeros,
+                    // both at least one block long).
+                    unsafe { u.copy(dst, src, n * b, true, true) }.map(|_| ())
+                }
+                (None, Some((stage, _))) => {
+                    // SAFETY: the staging view covers the area; these pages are not yet
+                    // readable through the program's view, so nobody observes the copy.
+                    unsafe { std::ptr::copy_nonoverlapping(src, (stage.addr() + run_start * b) as *mut u8, n * b) };
+                    mprotect(dst, n * b, Protection::Read)
+                }
+                (None, None) => unreachable!("an area has a uffd or a staging view"),
+            };
+            if let Err(e) = r {
+                crate::fatal(format_args!("pagewise dlm: installing {dst:#x}+{:#x} failed: {e}", n * b));
+            }
+            let entry = Entry { area: ai as u32, first: run_start as u32, count: n as u32, dirty: false };
+            let Some(slot) = st.clock.insert(entry) else {
+                crate::fatal(format_args!("pagewise dlm: internal error: clock full"));
+            };
+            let a = st.areas[ai].as_mut().expect("live");
+            a.slot[run_start..p].iter_mut().for_each(|s| *s = slot as u32);
+        }
+    }
+}
+
+impl State {
+    /// Send a message or stop the program naming the server and the range concerned.
+    fn send(&mut self, srv: usize, mut h: Header, payload: &[u8], start: usize, len: usize) {
+        let c = &mut self.conns[srv];
+        h.request_id = c.next_id;
+        c.next_id = c.next_id.wrapping_add(1);
+        h.length = payload.len() as u32;
+        if let Err(e) = c.t.send(&h, payload) {
+            self.fail(srv, &format!("connection lost: {e}"), start, len);
+        }
+    }
+
+    fn fail(&self, srv: usize, what: &str, start: usize, len: usize) -> ! {
+        let c = &self.conns[srv];
+        crate::fatal(format_args!(
+            "pagewise dlm: memory server {srv} ({}) failed: {what}; it is the home of pages \
+             {start:#x}-{:#x} of this program, which cannot continue without them",
+            c.addr,
+            start + len
+        ))
+    }
+
+    fn lost(&self, srv: usize, e: std::io::Error) -> DlmError {
+        DlmError::Server { server: self.conns[srv].addr.clone(), detail: e.to_string() }
+    }
+
+    /// A synchronous request outside the fault path (ALLOC, FREE, STATS): error as a value.
+    fn call_raw(&mut self, srv: usize, mut h: Header, payload: &[u8]) -> Result<Header, DlmError> {
+        let c = &mut self.conns[srv];
+        h.request_id = c.next_id;
+        c.next_id = c.next_id.wrapping_add(1);
+        h.length = payload.len() as u32;
+        c.t.send(&h, payload).map_err(|e| self.lost(srv, e))?;
+        let rep = self.conns[srv].t.recv_header().map_err(|e| self.lost(srv, e))?;
+        if rep.status != 0 {
+            let mut body = vec![0u8; rep.length as usize];
+            self.conns[srv].t.recv_payload(&mut body).map_err(|e| self.lost(srv, e))?;
+            let name = Status::from_u16(rep.status).map(|s| s.name()).unwrap_or("unknown status");
+            return Err(DlmError::Server {
+                server: self.conns[srv].addr.clone(),
+                detail: format!("{name}: {}", String::from_utf8_lossy(&body)),
+            });
+        }
+        Ok(rep)
+    }
+
+    fn call(&mut self, srv: usize, h: Header, payload: &[u8]) -> Result<Header, DlmError> {
+        debug_assert!(self.conns[srv].pending.is_empty(), "drain before a synchronous call");
+        let rep = self.call_raw(srv, h, payload)?;
+        if rep.length > 0 {
+            let mut body = vec![0u8; rep.length as usize];
+            self.conns[srv].t.recv_payload(&mut body).map_err(|e| self.lost(srv, e))?;
+        }
+        Ok(rep)
+    }
+}

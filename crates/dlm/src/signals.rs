@@ -1,0 +1,112 @@
+//! Faults served on the faulting thread: the SIGBUS handler (userfaultfd with
+//! UFFD_FEATURE_SIGBUS) and the SIGSEGV handler (the no-userfaultfd fallback).
+//!
+//! The handler locks the runtime's state and serves the fault like the handler thread would;
+//! the instruction is retried when it returns. Signals on addresses outside DLM areas go to
+//! the handler that was installed before ours (Rust's stack-overflow reporter, or the default
+//! action), by reinstalling it and returning so the fault repeats.
+//!
+//! What runs in the handler: a mutex lock (never held by the faulting thread itself: the
+//! runtime never touches area memory while holding it except resident pages, which cannot
+//! fault), socket send/recv into preallocated buffers, ioctl/mprotect/madvise. No allocation
+//! on the fault path (buffers, the clock and the pending queues are sized at init).
+
+use std::io;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use crate::runtime::{Served, ACTIVE};
+
+/// A handler we installed, with the one it replaced.
+pub struct Installed {
+    sig: libc::c_int,
+}
+
+static OLD_BUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
+static OLD_SEGV: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
+
+fn old_slot(sig: libc::c_int) -> &'static AtomicPtr<libc::sigaction> {
+    if sig == libc::SIGBUS {
+        &OLD_BUS
+    } else {
+        &OLD_SEGV
+    }
+}
+
+/// Install our handler for `sig` (SIGBUS or SIGSEGV).
+pub fn install(sig: libc::c_int) -> io::Result<Installed> {
+    // SAFETY: a zeroed sigaction is a valid starting point; we fill handler, flags and mask.
+    let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+    sa.sa_sigaction = handler as *const () as usize;
+    sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+    // SAFETY: sa.sa_mask is valid storage for a sigset.
+    unsafe { libc::sigemptyset(&mut sa.sa_mask) };
+    let old = Box::into_raw(Box::new(
+        // SAFETY: zeroed sigaction is valid output storage.
+        unsafe { std::mem::zeroed::<libc::sigaction>() },
+    ));
+    // SAFETY: both pointers are valid sigaction structs.
+    if unsafe { libc::sigaction(sig, &sa, old) } != 0 {
+        let e = io::Error::last_os_error();
+        // SAFETY: old came from Box::into_raw above and was not shared.
+        drop(unsafe { Box::from_raw(old) });
+        return Err(e);
+    }
+    let prev = old_slot(sig).swap(old, Ordering::AcqRel);
+    if !prev.is_null() {
+        // SAFETY: prev came from Box::into_raw in an earlier install.
+        drop(unsafe { Box::from_raw(prev) });
+    }
+    Ok(Installed { sig })
+}
+
+/// Put back the handler `install` replaced.
+pub fn restore(i: Installed) {
+    let old = old_slot(i.sig).load(Ordering::Acquire);
+    if !old.is_null() {
+        // SAFETY: old is a valid sigaction saved by install.
+        unsafe { libc::sigaction(i.sig, old, std::ptr::null_mut()) };
+    }
+}
+
+/// Whether the faulting access was a write, from the x86 page-fault error code.
+fn is_write(ctx: *mut libc::c_void) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if ctx.is_null() {
+            return false;
+        }
+        // SAFETY: the kernel passes a ucontext_t to SA_SIGINFO handlers.
+        let uc = unsafe { &*(ctx as *const libc::ucontext_t) };
+        uc.uc_mcontext.gregs[libc::REG_ERR as usize] & 2 != 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ctx;
+        false
+    }
+}
+
+extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    let inner = ACTIVE.load(Ordering::Acquire);
+    let served = if inner.is_null() {
+        Served::NotOurs
+    } else {
+        // SAFETY: ACTIVE points at the runtime's Inner while the handler is installed (cleared
+        // before the Arc can be dropped).
+        let inner = unsafe { &*inner };
+        let mut st = inner.lock();
+        inner.serve(&mut st, addr, is_write(ctx))
+    };
+    if let Served::NotOurs = served {
+        let old = old_slot(sig).load(Ordering::Acquire);
+        if !old.is_null() {
+            // SAFETY: old is a valid sigaction; the fault repeats and reaches it.
+            unsafe { libc::sigaction(sig, old, std::ptr::null_mut()) };
+        }
+    }
+    // SAFETY: restoring errno of the interrupted code.
+    unsafe { *libc::__errno_location() = errno };
+}

@@ -1,0 +1,135 @@
+//! How messages travel between a client and a memory server. The runtime only needs an ordered,
+//! reliable stream of (header, payload) messages in each direction; [`Transport`] is that and
+//! nothing more, so an MPI transport can implement it next to [`TcpTransport`].
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use crate::proto::{Header, HEADER_LEN};
+
+/// One client-to-server channel. Replies arrive in request order (PROTOCOL.md), so a caller may
+/// send several requests before receiving.
+pub trait Transport: Send {
+    /// Send one message: the header followed by `payload`.
+    fn send(&mut self, header: &Header, payload: &[u8]) -> io::Result<()>;
+    /// Receive the next message's header (its payload must be taken with
+    /// [`Transport::recv_payload`] or [`Transport::discard`] before the next header).
+    fn recv_header(&mut self) -> io::Result<Header>;
+    /// Receive exactly `buf.len()` payload bytes.
+    fn recv_payload(&mut self, buf: &mut [u8]) -> io::Result<()>;
+    /// Skip `len` payload bytes.
+    fn discard(&mut self, mut len: usize) -> io::Result<()> {
+        let mut sink = [0u8; 4096];
+        while len > 0 {
+            let n = len.min(sink.len());
+            self.recv_payload(&mut sink[..n])?;
+            len -= n;
+        }
+        Ok(())
+    }
+    /// The peer, for messages.
+    fn peer(&self) -> String;
+}
+
+/// TCP with Nagle off (each request is one small message that must leave now).
+///
+/// Receiving a header first polls the socket without blocking for up to `spin` before it
+/// sleeps: a reply that arrives within a few tens of microseconds is then taken without the
+/// wake-up of a sleeping thread, which on this VM costs about as much as the transfer itself
+/// (see dlm-fault). Between polls the thread yields, so a server sharing the core still runs.
+pub struct TcpTransport {
+    stream: TcpStream,
+    peer: String,
+    spin: Duration,
+}
+
+/// Default busy-poll budget of [`TcpTransport`].
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+
+impl TcpTransport {
+    pub fn connect(addr: &str) -> io::Result<Self> {
+        let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
+        let stream = TcpStream::connect(&addrs[..])?;
+        stream.set_nodelay(true)?;
+        Ok(TcpTransport { stream, peer: addr.to_string(), spin: DEFAULT_SPIN })
+    }
+
+    /// Set the busy-poll budget (zero: always block).
+    pub fn with_spin(mut self, spin: Duration) -> Self {
+        self.spin = spin;
+        self
+    }
+
+    /// Non-blocking receive into `buf`; Ok(0) when nothing is there yet.
+    fn try_recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        // SAFETY: buf is writable for its length; MSG_DONTWAIT never blocks.
+        let n = unsafe {
+            libc::recv(self.stream.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), libc::MSG_DONTWAIT)
+        };
+        if n > 0 {
+            return Ok(n as usize);
+        }
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed by the server"));
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
+            _ => Err(e),
+        }
+    }
+}
+
+/// Write `head` then `body` with as few syscalls as the kernel allows (one `writev` normally).
+/// Allocation-free: the fault path may run in a signal handler.
+pub fn write_two(w: &mut impl Write, head: &[u8], body: &[u8]) -> io::Result<()> {
+    let total = head.len() + body.len();
+    let mut done = 0usize;
+    while done < total {
+        let r = if done < head.len() {
+            w.write_vectored(&[IoSlice::new(&head[done..]), IoSlice::new(body)])
+        } else {
+            w.write(&body[done - head.len()..])
+        };
+        match r {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "connection closed while sending")),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+impl Transport for TcpTransport {
+    fn send(&mut self, header: &Header, payload: &[u8]) -> io::Result<()> {
+        write_two(&mut self.stream, &header.encode(), payload)
+    }
+
+    fn recv_header(&mut self) -> io::Result<Header> {
+        let mut b = [0u8; HEADER_LEN];
+        let mut got = 0;
+        if !self.spin.is_zero() {
+            let start = Instant::now();
+            while got < HEADER_LEN && start.elapsed() < self.spin {
+                let n = self.try_recv(&mut b[got..])?;
+                if n == 0 {
+                    std::thread::yield_now();
+                }
+                got += n;
+            }
+        }
+        self.stream.read_exact(&mut b[got..])?;
+        Ok(Header::decode(&b))
+    }
+
+    fn recv_payload(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        self.stream.read_exact(buf)
+    }
+
+    fn peer(&self) -> String {
+        self.peer.clone()
+    }
+}

@@ -1,0 +1,124 @@
+//! Fault-path choice without privileges: an unprivileged process (uid nobody, with
+//! vm.unprivileged_userfaultfd=0) still gets userfaultfd in user-mode-only form and the SIGBUS
+//! path; with userfaultfd blocked entirely (seccomp, as container profiles do) the runtime
+//! falls back to PROT_NONE + SIGSEGV by itself. Both pass the same integrity scenario.
+
+mod common;
+
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+use common::{in_child, ServerProc};
+use pagewise_dlm::{Config, Dlm, FaultMode};
+use rand::{Rng, SeedableRng};
+
+const NOBODY: u32 = 65534;
+
+fn scenario() {
+    let servers: Vec<String> = std::env::var("DLM_TEST_SERVERS").unwrap().split(',').map(String::from).collect();
+    let cfg = Config { servers, local_mem: 1 << 20, fault_mode: FaultMode::Auto, ..Config::default() };
+    let dlm = Dlm::init(cfg).unwrap();
+    let len = 16usize << 20;
+    let base = dlm.alloc(len).unwrap() as *mut u64;
+    let mut model = vec![0u64; len / 4096];
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
+    for _ in 0..5000 {
+        let k = rng.random_range(0..model.len());
+        // SAFETY: k*512 words is inside the area.
+        let v = unsafe { base.add(k * 512).read_volatile() };
+        assert_eq!(v, model[k]);
+        let nv = rng.random::<u64>();
+        // SAFETY: as above.
+        unsafe { base.add(k * 512).write_volatile(nv) };
+        model[k] = nv;
+    }
+    for (k, &m) in model.iter().enumerate() {
+        // SAFETY: as above.
+        assert_eq!(unsafe { base.add(k * 512).read_volatile() }, m);
+    }
+    dlm.audit().unwrap();
+    let st = dlm.stats();
+    println!("MODE={} USER_MODE_ONLY={} evictions={}", st.mode, st.uffd_user_mode_only, st.evictions);
+}
+
+/// A seccomp filter making userfaultfd(2) fail with ENOSYS (x86-64 syscall numbers).
+fn block_userfaultfd() -> std::io::Result<()> {
+    #[repr(C)]
+    struct SockFilter {
+        code: u16,
+        jt: u8,
+        jf: u8,
+        k: u32,
+    }
+    #[repr(C)]
+    struct SockFprog {
+        len: u16,
+        filter: *const SockFilter,
+    }
+    let filter = [
+        SockFilter { code: 0x20, jt: 0, jf: 0, k: 0 }, // A = seccomp_data.nr
+        SockFilter { code: 0x15, jt: 0, jf: 1, k: libc::SYS_userfaultfd as u32 },
+        SockFilter { code: 0x06, jt: 0, jf: 0, k: 0x0005_0000 | libc::ENOSYS as u32 }, // RET_ERRNO
+        SockFilter { code: 0x06, jt: 0, jf: 0, k: 0x7fff_0000 },                       // RET_ALLOW
+    ];
+    let prog = SockFprog { len: filter.len() as u16, filter: filter.as_ptr() };
+    // SAFETY: prctl with valid arguments; the filter outlives the call (the kernel copies it).
+    unsafe {
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+            || libc::prctl(libc::PR_SET_SECCOMP, 2 /* SECCOMP_MODE_FILTER */, &prog as *const SockFprog) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+fn run(name: &str, seccomp: bool) -> Option<String> {
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: switching to uid nobody needs root");
+        return None;
+    }
+    let sysctl = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
+    if !seccomp && sysctl.trim() != "0" {
+        eprintln!("skipped: vm.unprivileged_userfaultfd={} (the case needs 0)", sysctl.trim());
+        return None;
+    }
+    let servers = [ServerProc::start("256M"), ServerProc::start("256M")];
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", name, "--nocapture"])
+        .env("DLM_CHILD", "1")
+        .env("DLM_TEST_SERVERS", format!("{},{}", servers[0].addr, servers[1].addr))
+        .uid(NOBODY)
+        .gid(NOBODY);
+    if seccomp {
+        // SAFETY: the closure only makes prctl calls, which are async-signal-safe.
+        unsafe { cmd.pre_exec(block_userfaultfd) };
+    }
+    let out = cmd.output().unwrap();
+    let so = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{so}\n{}", String::from_utf8_lossy(&out.stderr));
+    Some(so)
+}
+
+#[test]
+fn unprivileged_process_gets_user_mode_userfaultfd() {
+    if in_child() {
+        scenario();
+        return;
+    }
+    if let Some(so) = run("unprivileged_process_gets_user_mode_userfaultfd", false) {
+        assert!(so.contains("MODE=sigbus USER_MODE_ONLY=true"), "{so}");
+    }
+}
+
+#[test]
+fn without_userfaultfd_the_sigsegv_fallback_is_chosen() {
+    if in_child() {
+        scenario();
+        return;
+    }
+    if let Some(so) = run("without_userfaultfd_the_sigsegv_fallback_is_chosen", true) {
+        assert!(so.contains("MODE=sigsegv"), "{so}");
+    }
+}

@@ -1,0 +1,417 @@
+//! `dlm-fault`: what a DLM page fault costs next to the machine's own limits.
+//!
+//! One `pagewise dlm-server` process holds the pages; this process faults on them. Per page
+//! size 4 KiB..1 MiB: the latency of a remote read fault (random units, no read-ahead, every
+//! unit written home first) in both userfaultfd delivery modes — a handler thread, and SIGBUS
+//! served on the faulting thread — next to a plain request/reply over TCP between the same two
+//! processes carrying the same bytes (a 32-byte request, a reply of the page size: exactly the
+//! messages a fault needs, without the fault). Then sequential streaming through an area 4×
+//! the local limit with 128 KiB units and read-ahead, next to pipelined TCP streaming from the
+//! same server, and local memcpy. Placement: client and server on different cores, and on the
+//! same core (wake-up latency dominates small round trips on this VM).
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use anyhow::Context as _;
+use pagewise_dlm::process::{pagewise_binary, ServerProcess};
+use pagewise_dlm::proto::{Header, Opcode};
+use pagewise_dlm::transport::{TcpTransport, Transport};
+use pagewise_dlm::{Config, Dlm, FaultMode};
+use pagewise_kernel::cpu;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use serde_json::json;
+
+use crate::{human_bytes, interleave, ratio, Context, Experiment, Latency, Plot, Report, Summary, Table};
+
+pub struct DlmFault;
+
+const KIB: usize = 1024;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Way {
+    PingPong,
+    Mode(FaultMode),
+}
+
+impl Way {
+    fn label(self) -> &'static str {
+        match self {
+            Way::PingPong => "TCP request/reply",
+            Way::Mode(FaultMode::HandlerThread) => "fault, handler thread",
+            Way::Mode(FaultMode::Sigbus) => "fault, SIGBUS",
+            Way::Mode(_) => "fault, other",
+        }
+    }
+}
+
+/// A raw protocol client: one region on the server, filled with data.
+struct Raw {
+    t: TcpTransport,
+    region: u32,
+    id: u32,
+}
+
+impl Raw {
+    fn new(addr: &str, bytes: usize) -> anyhow::Result<Self> {
+        let mut t = TcpTransport::connect(addr)?;
+        let mut h = Header::request(Opcode::Alloc, 1);
+        h.page = (bytes / (4 * KIB)) as u64;
+        h.length = 4;
+        t.send(&h, &(4096u32).to_le_bytes())?;
+        let r = t.recv_header()?;
+        anyhow::ensure!(r.status == 0, "ALLOC refused ({})", r.status);
+        let mut raw = Raw { t, region: r.region, id: 2 };
+        let data = vec![0x5Au8; 1 << 20];
+        for off in (0..bytes).step_by(1 << 20) {
+            let n = (bytes - off).min(1 << 20);
+            raw.write(off / (4 * KIB), &data[..n])?;
+        }
+        Ok(raw)
+    }
+
+    fn write(&mut self, page: usize, data: &[u8]) -> anyhow::Result<()> {
+        let mut h = Header::request(Opcode::Write, self.id);
+        self.id += 1;
+        h.region = self.region;
+        h.page = page as u64;
+        h.set_count = (data.len() / (4 * KIB)) as u32;
+        h.length = data.len() as u32;
+        self.t.send(&h, data)?;
+        let r = self.t.recv_header()?;
+        anyhow::ensure!(r.status == 0, "WRITE refused");
+        Ok(())
+    }
+
+    fn send_read(&mut self, page: usize, bytes: usize) -> anyhow::Result<()> {
+        let mut h = Header::request(Opcode::Read, self.id);
+        self.id += 1;
+        h.region = self.region;
+        h.page = page as u64;
+        h.set_count = (bytes / (4 * KIB)) as u32;
+        self.t.send(&h, &[])?;
+        Ok(())
+    }
+
+    fn recv_read(&mut self, buf: &mut [u8]) -> anyhow::Result<()> {
+        let r = self.t.recv_header()?;
+        anyhow::ensure!(r.status == 0 && r.length as usize == buf.len(), "READ failed");
+        self.t.recv_payload(buf)?;
+        Ok(())
+    }
+}
+
+fn dlm_config(server: &str, mode: FaultMode, base: usize, max_set: u32, set: u32, local: usize, ra: usize) -> Config {
+    Config {
+        servers: vec![server.to_string()],
+        local_mem: local,
+        base_page: base,
+        max_set,
+        set_count: set,
+        fault_mode: mode,
+        readahead: ra,
+    }
+}
+
+/// Write every byte of an area so each unit has a home copy, then drop all local copies.
+fn populate(dlm: &Dlm, base: *mut u8, bytes: usize) {
+    for off in (0..bytes).step_by(4 * KIB) {
+        // SAFETY: inside the DLM area.
+        unsafe { base.add(off).write_volatile(off as u8 | 1) };
+    }
+    dlm.evict_all();
+}
+
+/// Latency of `n` read faults on random units of `size` bytes.
+fn fault_latency(
+    server: &str,
+    mode: FaultMode,
+    size: usize,
+    n: usize,
+    seed: u64,
+) -> anyhow::Result<(Latency, Latency)> {
+    let units = n.max(8);
+    let bytes = units * size;
+    let set = (size / (4 * KIB)) as u32;
+    let dlm = Dlm::init(dlm_config(server, mode, 4 * KIB, 256, set, bytes + (2 << 20), 0))?;
+    let base = dlm.alloc(bytes)?;
+    populate(&dlm, base, bytes);
+    let mut order: Vec<usize> = (0..units).collect();
+    order.shuffle(&mut rand::rngs::SmallRng::seed_from_u64(seed));
+    let mut lat = Latency::new();
+    for u in order.into_iter().take(n) {
+        // SAFETY: inside the area; the first touch of the unit faults.
+        let p = unsafe { base.add(u * size) };
+        let t = Instant::now();
+        // SAFETY: as above.
+        let v = unsafe { p.read_volatile() };
+        lat.record(t.elapsed());
+        anyhow::ensure!(v == 1, "unit {u}: read {v}, populated 1");
+    }
+    let st = dlm.stats();
+    anyhow::ensure!(st.fetched_units as usize >= n, "only {} fetches for {n} faults", st.fetched_units);
+    // The dirty-tracking cost: the first write to each now-resident (write-protected) unit.
+    let mut wp = Latency::new();
+    for u in 0..n.min(units) {
+        // SAFETY: inside the area.
+        let p = unsafe { base.add(u * size + 8) };
+        // SAFETY: resident or not, the write is served by the runtime.
+        let resident_before = unsafe { base.add(u * size).read_volatile() } == 1;
+        let t = Instant::now();
+        // SAFETY: as above.
+        unsafe { p.write_volatile(7) };
+        if resident_before {
+            wp.record(t.elapsed());
+        }
+    }
+    dlm.shutdown();
+    Ok((lat, wp))
+}
+
+fn pingpong(server: &str, size: usize, n: usize, seed: u64) -> anyhow::Result<Latency> {
+    let units = n.max(8);
+    let mut raw = Raw::new(server, units * size)?;
+    let mut buf = vec![0u8; size];
+    let mut order: Vec<usize> = (0..units).collect();
+    order.shuffle(&mut rand::rngs::SmallRng::seed_from_u64(seed));
+    let mut lat = Latency::new();
+    for u in order.into_iter().take(n) {
+        let t = Instant::now();
+        raw.send_read(u * size / (4 * KIB), size)?;
+        raw.recv_read(&mut buf)?;
+        lat.record(t.elapsed());
+    }
+    Ok(lat)
+}
+
+/// GB/s of touching one word per 4 KiB through an area 4× the local limit.
+fn stream_dlm(server: &str, mode: FaultMode, bytes: usize) -> anyhow::Result<(f64, pagewise_dlm::Stats)> {
+    let local = bytes / 4;
+    let dlm = Dlm::init(dlm_config(server, mode, 16 * KIB, 8, 8, local, 32))?;
+    let base = dlm.alloc(bytes)?;
+    populate(&dlm, base, bytes);
+    let t = Instant::now();
+    let mut sum = 0u64;
+    for off in (0..bytes).step_by(4 * KIB) {
+        // SAFETY: inside the area.
+        sum += unsafe { base.add(off).read_volatile() } as u64;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    std::hint::black_box(sum);
+    let st = dlm.stats();
+    dlm.shutdown();
+    Ok((bytes as f64 / secs / 1e9, st))
+}
+
+/// GB/s of pipelined 1 MiB READs from the server (8 in flight).
+fn stream_tcp(server: &str, bytes: usize) -> anyhow::Result<f64> {
+    let chunk = 1 << 20;
+    let mut raw = Raw::new(server, bytes)?;
+    let mut buf = vec![0u8; chunk];
+    let n = bytes / chunk;
+    let depth = 8;
+    let t = Instant::now();
+    for i in 0..n.min(depth) {
+        raw.send_read(i * chunk / (4 * KIB), chunk)?;
+    }
+    for i in 0..n {
+        raw.recv_read(&mut buf)?;
+        if i + depth < n {
+            raw.send_read((i + depth) * chunk / (4 * KIB), chunk)?;
+        }
+    }
+    Ok(bytes as f64 / t.elapsed().as_secs_f64() / 1e9)
+}
+
+fn memcpy_gbps(bytes: usize) -> f64 {
+    let src = vec![1u8; bytes];
+    let mut dst = vec![0u8; bytes];
+    dst.copy_from_slice(&src); // fault both in
+    let t = Instant::now();
+    for (d, s) in dst.chunks_mut(128 * KIB).zip(src.chunks(128 * KIB)) {
+        d.copy_from_slice(s);
+    }
+    let secs = t.elapsed().as_secs_f64();
+    std::hint::black_box(&dst);
+    bytes as f64 / secs / 1e9
+}
+
+struct Placement {
+    name: &'static str,
+    client: usize,
+    server: usize,
+}
+
+impl Experiment for DlmFault {
+    fn name(&self) -> &'static str {
+        "dlm-fault"
+    }
+
+    fn description(&self) -> &'static str {
+        "DLM remote fault latency 4 KiB..1 MiB (handler thread vs SIGBUS) and streaming, vs TCP request/reply, TCP streaming, memcpy"
+    }
+
+    fn run(&self, ctx: &mut Context) -> anyhow::Result<Report> {
+        let bin = pagewise_binary()?;
+        let sizes = [4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, 1024 * KIB];
+        let n_faults: usize = ctx.mode.pick(400, 2000);
+        let reps = ctx.mode.pick(3, 5);
+        let stream_bytes: usize = ctx.mode.pick(256 << 20, 1 << 30);
+        let cpus: Vec<usize> = cpu::online_cpus()?.into_iter().collect();
+        let mut placements = vec![];
+        if cpus.len() >= 2 {
+            placements.push(Placement { name: "cross-core", client: cpus[0], server: cpus[1] });
+        }
+        placements.push(Placement { name: "same-core", client: cpus[0], server: cpus[0] });
+        let ways = [Way::PingPong, Way::Mode(FaultMode::HandlerThread), Way::Mode(FaultMode::Sigbus)];
+        let stream_modes = [FaultMode::HandlerThread, FaultMode::Sigbus];
+        ctx.start_progress(
+            (placements.len() * (sizes.len() * ways.len() * reps + reps * (stream_modes.len() + 1))) as u64,
+            "faults",
+        );
+        let saved = cpu::affinity(0)?;
+        let mut report = Report::default();
+        let mut lat_table = Table::new([
+            "placement",
+            "page",
+            "TCP req/reply p50 µs",
+            "thread p50 / p99 µs",
+            "SIGBUS p50 / p99 µs",
+            "best fault / TCP",
+        ]);
+        let mut stream_table = Table::new([
+            "placement",
+            "DLM thread GB/s",
+            "DLM SIGBUS GB/s",
+            "TCP stream GB/s",
+            "memcpy GB/s",
+            "best DLM / TCP",
+        ]);
+        let mut plot = Plot::new("DLM read fault latency (cross-core)", "page size (KiB)", "median µs").log_x();
+        let mut data = Vec::new();
+        let result = (|| -> anyhow::Result<()> {
+            for pl in &placements {
+                cpu::pin_to(pl.client)?;
+                let server = ServerProcess::spawn(&bin, "4G")?;
+                cpu::set_affinity_of(server.pid() as i32, &BTreeSet::from([pl.server]))?;
+                let addr = server.addr.clone();
+                ctx.message(format!("{}: faults", pl.name));
+                let mut pts: Vec<Vec<(f64, f64)>> = vec![Vec::new(); ways.len()];
+                for &size in &sizes {
+                    let n = n_faults.min((64 << 20) / size);
+                    let res = interleave(ctx, &ways, reps, |&w, rep| match w {
+                        Way::PingPong => Ok((pingpong(&addr, size, n, rep as u64)?, Latency::new())),
+                        Way::Mode(m) => fault_latency(&addr, m, size, n, rep as u64),
+                    })?;
+                    let merge = |pick: fn(&(Latency, Latency)) -> &Latency| -> Vec<Latency> {
+                        res.iter()
+                            .map(|v| {
+                                let mut l = Latency::new();
+                                v.iter().for_each(|x| l.merge(pick(x)));
+                                l
+                            })
+                            .collect()
+                    };
+                    let merged = merge(|x| &x.0);
+                    let wp: Vec<_> = merge(|x| &x.1).iter().map(|l| l.summary()).collect();
+                    let s: Vec<_> = merged.iter().map(|l| l.summary()).collect();
+                    let best = s[1].p50_us.min(s[2].p50_us);
+                    lat_table.row([
+                        pl.name.to_string(),
+                        human_bytes(size as u64),
+                        format!("{:.1}", s[0].p50_us),
+                        format!("{:.1} / {:.1}", s[1].p50_us, s[1].p99_us),
+                        format!("{:.1} / {:.1}", s[2].p50_us, s[2].p99_us),
+                        format!("{:.2}", ratio(best, s[0].p50_us)),
+                        format!("{:.1} / {:.1}", wp[1].p50_us, wp[2].p50_us),
+                    ]);
+                    for (i, x) in s.iter().enumerate() {
+                        pts[i].push(((size / KIB) as f64, x.p50_us));
+                    }
+                    let k = size / KIB;
+                    if pl.name == placements[0].name {
+                        report.figure(&format!("pingpong_{k}k_us"), s[0].p50_us);
+                        report.figure(&format!("fault_thread_{k}k_us"), s[1].p50_us);
+                        report.figure(&format!("fault_sigbus_{k}k_us"), s[2].p50_us);
+                        report.figure(&format!("fault_sigbus_{k}k_p99_us"), s[2].p99_us);
+                        report.figure(&format!("first_write_sigbus_{k}k_us"), wp[2].p50_us);
+                        if size == 16 * KIB {
+                            report.figure("fault_vs_pingpong_16k", ratio(s[2].p50_us, s[0].p50_us));
+                            report.figure("fault_thread_vs_pingpong_16k", ratio(s[1].p50_us, s[0].p50_us));
+                            report.figure("sigbus_vs_thread_16k", ratio(s[2].p50_us, s[1].p50_us));
+                        }
+                    }
+                    data.push(
+                        json!({"placement": pl.name, "size": size, "pingpong": s[0], "thread": s[1], "sigbus": s[2]}),
+                    );
+                }
+                if pl.name == placements[0].name {
+                    for (i, w) in ways.iter().enumerate() {
+                        plot.series(w.label(), pts[i].clone());
+                    }
+                }
+                ctx.message(format!("{}: streaming", pl.name));
+                let mut dlm_gbps = vec![Vec::new(); stream_modes.len()];
+                let mut tcp = Vec::new();
+                let mut stream_stats = Vec::new();
+                for _ in 0..reps {
+                    for (i, &m) in stream_modes.iter().enumerate() {
+                        let (g, st) = stream_dlm(&addr, m, stream_bytes)?;
+                        dlm_gbps[i].push(g);
+                        stream_stats.push(st);
+                        ctx.tick();
+                    }
+                    tcp.push(stream_tcp(&addr, stream_bytes)?);
+                    ctx.tick();
+                }
+                let thread = Summary::of(&dlm_gbps[0]);
+                let sigbus = Summary::of(&dlm_gbps[1]);
+                let tcp = Summary::of(&tcp);
+                let mc = memcpy_gbps(stream_bytes.min(256 << 20));
+                let best = thread.median.max(sigbus.median);
+                stream_table.row([
+                    pl.name.to_string(),
+                    format!("{:.2}", thread.median),
+                    format!("{:.2}", sigbus.median),
+                    format!("{:.2}", tcp.median),
+                    format!("{mc:.2}"),
+                    format!("{:.2}", ratio(best, tcp.median)),
+                ]);
+                if pl.name == placements[0].name {
+                    report.figure("stream_vs_tcp_ratio", ratio(sigbus.median, tcp.median));
+                    report.figure("stream_thread_vs_tcp_ratio", ratio(thread.median, tcp.median));
+                    report.figure("stream_sigbus_gbps", sigbus.median);
+                    report.figure("stream_thread_gbps", thread.median);
+                    report.figure("tcp_stream_gbps", tcp.median);
+                    report.figure("memcpy_gbps", mc);
+                    report.figure("placement", format!("client cpu {}, server cpu {}", pl.client, pl.server));
+                }
+                data.push(json!({"placement": pl.name, "client_cpu": pl.client, "server_cpu": pl.server,
+                    "stream_thread_gbps": dlm_gbps[0], "stream_sigbus_gbps": dlm_gbps[1], "tcp_gbps": tcp, "memcpy_gbps": mc,
+                    "stream_stats": stream_stats}));
+                let stats = server.stop()?;
+                data.push(json!({"placement": pl.name, "server_stats": stats.trim()}));
+            }
+            Ok(())
+        })();
+        cpu::set_affinity(&saved).context("restoring this thread's CPU affinity")?;
+        result?;
+        report.table("Remote read fault latency (median; p99) vs a TCP request/reply of the same bytes", lat_table);
+        report.table(
+            "Sequential streaming, 128 KiB units (16 KiB × 8), area 4× the local limit, one word read per 4 KiB",
+            stream_table,
+        );
+        report.plots.push(plot);
+        report.data = json!(data);
+        report.note(
+            "fault_vs_pingpong_16k and stream_vs_tcp_ratio are for the SIGBUS mode (the default) in the first \
+             placement (cross-core when 2+ CPUs). 'first write' = a store to a unit that is resident and \
+             still write-protected: the cost of synchronous userfaultfd write-protect dirty tracking, once \
+             per unit between evictions. TCP request/reply = a 32-byte READ request and a page-sized \
+             reply between this process and the same server process, no fault involved. The machine's 2 cores \
+             are shared with other work: expect noise.",
+        );
+        Ok(report)
+    }
+}

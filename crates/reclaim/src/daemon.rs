@@ -1,0 +1,518 @@
+//! reclaimd: reclaim workers pinned to the reclaim cores.
+//!
+//! Each worker wakes on a PSI trigger (/proc/pressure/memory, 2 s window: this VM refuses
+//! other windows) or its timer, observes free memory, asks the policy how much to reclaim,
+//! and reclaims in its own context, so on its own core:
+//! - **cgroup scope**: headroom = limit − usage; v2 memory.reclaim, or on v1 (this VM) the
+//!   limit-lowering trick ([`MemCgroup::reclaim_in_caller`]): the memcg reclaim runs in the
+//!   writer, i.e. on the reclaim core, while the group's own tasks keep finding headroom.
+//! - **system scope**: the lowest-free low-memory zone from /proc/zoneinfo against the core's
+//!   per-zone thresholds (kernel rounding), kept above the kernel's own high watermark so the
+//!   kernel's kswapd and direct reclaim never start first; reclaim by posix_fadvise(DONTNEED)
+//!   on the coldest files under `cache_paths`, drop_caches as the configured last resort;
+//!   kswapd pinned to the reclaim cores while running.
+//! - **split reclaim** (seed 004): page reclaim uses the hysteresis above with Pstart as its
+//!   low; when the group's kernel memory (slab) reaches Sstart the worker runs a bounded slab
+//!   batch with vfs_cache_pressure raised for that batch only, and keeps the configured (low)
+//!   vfs_cache_pressure otherwise, so reclaim that does happen on an application's path
+//!   scans less slab.
+//!
+//! Every setting changed (limits while lowered, min_free_kbytes, vfs_cache_pressure) goes
+//! through the [`SettingsGuard`], whose journal restores it even after SIGKILL.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use pagewise_kernel::cgroup::{MemCgroup, PsiTrigger, PsiTriggerSpec};
+use pagewise_kernel::procfs::{read_vm_sysctl, read_zoneinfo, set_vm_sysctl, Zone};
+use pagewise_kernel::{cpu, pagecache, SettingsGuard};
+use serde::Serialize;
+
+use crate::config::{Config, ScopeKind};
+use crate::policy::{kernel_watermarks, Hysteresis, PerCoreTable, Watermarks, ZoneShape};
+use crate::tree::Tree;
+
+const PAGE_SHIFT: u32 = 12;
+const PAGE: u64 = 1 << PAGE_SHIFT;
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// A kernel interface failed.
+    #[error(transparent)]
+    Kernel(#[from] pagewise_kernel::Error),
+    /// The threshold tree could not be created.
+    #[error("threshold tree {path}: {source}")]
+    Tree { path: PathBuf, source: std::io::Error },
+    /// The configuration cannot work on this machine.
+    #[error("{0}")]
+    Unusable(String),
+}
+
+/// What one worker did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct WorkerReport {
+    pub cpu: usize,
+    /// CPUs the worker was seen running on (should be just `cpu`).
+    pub ran_on: BTreeSet<usize>,
+    pub wakeups: u64,
+    pub psi_wakeups: u64,
+    pub reclaim_passes: u64,
+    pub reclaimed_bytes: u64,
+    pub reclaim_time_ms: f64,
+    /// The longest single reclaim pass, as the worker timed it.
+    pub max_pass_ms: f64,
+    pub slab_passes: u64,
+    pub slab_reclaimed_bytes: u64,
+    /// Lowest headroom (cgroup) or zone free (system) seen, in pages.
+    pub min_free_pages: u64,
+    pub errors: Vec<String>,
+}
+
+/// What the daemon did, at stop.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct DaemonReport {
+    pub workers: Vec<WorkerReport>,
+    pub log: Vec<String>,
+}
+
+enum Scope {
+    Cgroup(MemCgroup),
+    System { cache_paths: Vec<PathBuf>, drop_caches: bool },
+}
+
+struct Shared {
+    table: RwLock<PerCoreTable>,
+    guard: Arc<SettingsGuard>,
+    /// Held while a reclaim changes the group's limit, and to read limit and usage consistently.
+    mech: Mutex<()>,
+    stop: AtomicBool,
+    log: Mutex<Vec<String>>,
+    verbose: bool,
+}
+
+impl Shared {
+    fn say(&self, line: String) {
+        if self.verbose {
+            eprintln!("reclaimd: {line}");
+        }
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+    }
+}
+
+/// A running reclaimd.
+pub struct Daemon {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<WorkerReport>>,
+    control: Option<JoinHandle<()>>,
+}
+
+/// Where and how to run.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// The threshold tree's directory (None: no tree).
+    pub tree_dir: Option<PathBuf>,
+    /// Print the log to stderr as it happens.
+    pub verbose: bool,
+}
+
+impl Daemon {
+    /// Apply the settings and start the workers.
+    pub fn start(cfg: &Config, guard: Arc<SettingsGuard>, opts: Options) -> Result<Daemon, DaemonError> {
+        let scope = match cfg.scope {
+            ScopeKind::Cgroup => {
+                let path = cfg.cgroup.clone().expect("validated");
+                let cg = MemCgroup::open(&path)?;
+                if cg.limit()?.is_none() {
+                    return Err(DaemonError::Unusable(format!(
+                        "{} has no memory limit: there is no headroom to keep",
+                        path.display()
+                    )));
+                }
+                Scope::Cgroup(cg)
+            }
+            ScopeKind::System => {
+                Scope::System { cache_paths: cfg.raw.cache_paths.clone(), drop_caches: cfg.raw.drop_caches_last_resort }
+            }
+        };
+        let shared = Arc::new(Shared {
+            table: RwLock::new(cfg.table.clone()),
+            guard: guard.clone(),
+            mech: Mutex::new(()),
+            stop: AtomicBool::new(false),
+            log: Mutex::new(Vec::new()),
+            verbose: opts.verbose,
+        });
+        if cfg.raw.apply_global {
+            let kb = cfg.table.global_min_free_kbytes();
+            check_global(kb).map_err(DaemonError::Unusable)?;
+            set_vm_sysctl(&guard, "min_free_kbytes", &kb.to_string())?;
+            shared.say(format!("min_free_kbytes = {kb} (sum of the cores' mins)"));
+        }
+        if let Some(p) = cfg.split.as_ref().and_then(|s| s.vfs_cache_pressure) {
+            set_vm_sysctl(&guard, "vfs_cache_pressure", &p.to_string())?;
+            shared.say(format!("vfs_cache_pressure = {p} while running"));
+        }
+        if cfg.raw.pin_kswapd && cfg.scope == ScopeKind::System {
+            // The guard gives kswapd its affinity back, also after SIGKILL (its journal).
+            for pid in cpu::kswapd_pids()? {
+                match cpu::pin_task(&guard, pid, &cfg.reclaim) {
+                    Ok(()) => {
+                        shared.say(format!("kswapd pid {pid} pinned to {}", cpu::format_cpulist(&cfg.reclaim)));
+                    }
+                    Err(e) => shared.say(format!("kswapd pid {pid} cannot be pinned: {e}")),
+                }
+            }
+        }
+        let tree = match &opts.tree_dir {
+            Some(dir) => {
+                Some(Tree::create(dir, &cfg.table).map_err(|source| DaemonError::Tree { path: dir.clone(), source })?)
+            }
+            None => None,
+        };
+        let scope = Arc::new(scope);
+        let mut workers = Vec::new();
+        for &c in &cfg.reclaim {
+            let (shared, scope, cfg) = (shared.clone(), scope.clone(), cfg.clone());
+            workers.push(
+                std::thread::Builder::new()
+                    .name(format!("reclaimd-cpu{c}"))
+                    .spawn(move || worker(c, &cfg, &scope, &shared))
+                    .expect("spawn worker"),
+            );
+        }
+        let control = {
+            let shared = shared.clone();
+            let apply_global = cfg.raw.apply_global;
+            std::thread::Builder::new()
+                .name("reclaimd-tree".into())
+                .spawn(move || control_loop(tree, apply_global, &shared))
+                .expect("spawn control")
+        };
+        Ok(Daemon { shared, workers, control: Some(control) })
+    }
+
+    /// The current thresholds.
+    pub fn table(&self) -> PerCoreTable {
+        self.shared.table.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Whether a stop was requested (by [`Daemon::request_stop`] or a worker's fatal error).
+    pub fn stopping(&self) -> bool {
+        self.shared.stop.load(Ordering::Acquire)
+    }
+
+    pub fn request_stop(&self) {
+        self.shared.stop.store(true, Ordering::Release);
+    }
+
+    /// Stop the workers; the guard (dropped by the caller) restores the settings and kswapd's
+    /// affinity.
+    pub fn stop(mut self) -> DaemonReport {
+        self.request_stop();
+        let workers = std::mem::take(&mut self.workers).into_iter().filter_map(|w| w.join().ok()).collect();
+        if let Some(c) = self.control.take() {
+            let _ = c.join();
+        }
+        let log = std::mem::take(&mut *self.shared.log.lock().unwrap_or_else(|e| e.into_inner()));
+        DaemonReport { workers, log }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.request_stop();
+        for w in std::mem::take(&mut self.workers) {
+            let _ = w.join();
+        }
+        if let Some(c) = self.control.take() {
+            let _ = c.join();
+        }
+    }
+}
+
+/// A global min_free_kbytes above a quarter of memory would make the kernel reclaim most of
+/// the machine at once: refuse it rather than apply it.
+fn check_global(kb: u64) -> Result<(), String> {
+    let total_kb = pagewise_kernel::procfs::read_meminfo().map(|m| m.mem_total / 1024).unwrap_or(u64::MAX);
+    if kb > total_kb / 4 {
+        return Err(format!(
+            "min_free_kbytes = {kb} (the sum of the cores' mins) is above a quarter of memory ({} KiB)",
+            total_kb / 4
+        ));
+    }
+    Ok(())
+}
+
+fn control_loop(mut tree: Option<Tree>, mut apply_global: bool, shared: &Shared) {
+    while !shared.stop.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(100));
+        let Some(t) = tree.as_mut() else { continue };
+        let mut table = shared.table.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let (msgs, mut changed) = t.poll(&mut table);
+        for m in msgs {
+            shared.say(m);
+        }
+        // `pagewise reclaim set --apply-global` asks a running daemon to apply the sum.
+        let flag = t.dir().join("apply_global");
+        if !apply_global && std::fs::read_to_string(&flag).is_ok_and(|s| s.trim() == "1") {
+            apply_global = true;
+            changed = true;
+            shared.say("apply_global requested through the tree".into());
+        }
+        if changed {
+            let kb = table.global_min_free_kbytes();
+            *shared.table.write().unwrap_or_else(|e| e.into_inner()) = table;
+            if apply_global {
+                if let Err(e) = check_global(kb) {
+                    shared.say(format!("not applied: {e}"));
+                } else if let Err(e) = set_vm_sysctl(&shared.guard, "min_free_kbytes", &kb.to_string()) {
+                    shared.say(format!("cannot apply min_free_kbytes = {kb}: {e}"));
+                }
+            }
+        }
+    }
+    if let Some(t) = tree {
+        t.remove();
+    }
+}
+
+fn worker(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared) -> WorkerReport {
+    let mut rep = WorkerReport { cpu: cpu_id, min_free_pages: u64::MAX, ..Default::default() };
+    if let Err(e) = cpu::pin_to(cpu_id) {
+        rep.errors.push(format!("pin to cpu {cpu_id}: {e}"));
+        shared.stop.store(true, Ordering::Release);
+        return rep;
+    }
+    if cfg.raw.worker_rt_priority > 0 {
+        if let Err(e) = cpu::set_fifo_priority(i32::from(cfg.raw.worker_rt_priority)) {
+            shared.say(format!("cpu{cpu_id}: SCHED_FIFO refused ({e}); normal scheduling"));
+        }
+    }
+    let psi = PsiTrigger::system_memory(PsiTriggerSpec {
+        full: false,
+        stall: Duration::from_millis(cfg.raw.psi_stall_ms.clamp(1, 2000)),
+        window: Duration::from_secs(2),
+    });
+    let psi = match psi {
+        Ok(p) => Some(p),
+        Err(e) => {
+            shared.say(format!("cpu{cpu_id}: no PSI trigger ({e}); timer only"));
+            None
+        }
+    };
+    let batch_pages = (cfg.batch_kb * 1024 / PAGE).max(1);
+    let pass = Duration::from_millis(cfg.raw.pass_ms);
+    let mut hyst: BTreeMap<usize, Hysteresis> = BTreeMap::new();
+    let mut raised_warned = false;
+    while !shared.stop.load(Ordering::Acquire) {
+        let fired = match &psi {
+            Some(p) => p.wait(cfg.interval).unwrap_or(false),
+            None => {
+                std::thread::sleep(cfg.interval);
+                false
+            }
+        };
+        rep.wakeups += 1;
+        rep.psi_wakeups += u64::from(fired);
+        rep.ran_on.insert(cpu::current_cpu());
+        let Some(mut core) = shared.table.read().unwrap_or_else(|e| e.into_inner()).get(cpu_id) else { continue };
+        if let Some(p) = cfg.split.as_ref().and_then(|s| s.pstart_kb) {
+            // Split reclaim: Pstart is the worker's low (in % of its min, as the tree holds it).
+            let min = core.min_free_kbytes.max(1);
+            core.pages_low_ratio = (p * 100 / min).max(100) as u32;
+            core.pages_high_ratio = core.pages_high_ratio.max(core.pages_low_ratio);
+        }
+        let step = match scope {
+            Scope::Cgroup(cg) => cgroup_step(cg, core.watermarks(PAGE_SHIFT), batch_pages, &mut hyst, shared),
+            Scope::System { .. } => system_step(&core, batch_pages, &mut hyst, &mut raised_warned, shared),
+        };
+        let (free, need, limit) = match step {
+            Ok(s) => s,
+            Err(e) => {
+                rep.errors.push(e.to_string());
+                continue;
+            }
+        };
+        rep.min_free_pages = rep.min_free_pages.min(free);
+        if need > 0 {
+            let t = Instant::now();
+            let got = match scope {
+                Scope::Cgroup(cg) => {
+                    let _l = shared.mech.lock().unwrap_or_else(|e| e.into_inner());
+                    cg.reclaim_in_caller_within(&shared.guard, need * PAGE, limit, Some(pass))
+                }
+                Scope::System { cache_paths, drop_caches } => system_reclaim(need * PAGE, cache_paths, *drop_caches),
+            };
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            rep.reclaim_time_ms += ms;
+            rep.max_pass_ms = rep.max_pass_ms.max(ms);
+            rep.reclaim_passes += 1;
+            match got {
+                Ok(b) => rep.reclaimed_bytes += b,
+                Err(e) => rep.errors.push(e.to_string()),
+            }
+        }
+        if let (Some(split), Scope::Cgroup(cg)) = (&cfg.split, scope) {
+            match slab_step(cg, split, limit, pass, shared) {
+                Ok(Some(b)) => {
+                    rep.slab_passes += 1;
+                    rep.slab_reclaimed_bytes += b;
+                }
+                Ok(None) => {}
+                Err(e) => rep.errors.push(e.to_string()),
+            }
+        }
+        if rep.errors.len() > 100 {
+            shared.say(format!("cpu{cpu_id}: too many errors, stopping: {}", rep.errors.last().expect("nonempty")));
+            shared.stop.store(true, Ordering::Release);
+        }
+    }
+    rep
+}
+
+/// (free pages, pages to reclaim, the group's limit)
+type Step = pagewise_kernel::Result<(u64, u64, Option<u64>)>;
+
+fn cgroup_step(
+    cg: &MemCgroup,
+    wm: Watermarks,
+    batch: u64,
+    hyst: &mut BTreeMap<usize, Hysteresis>,
+    shared: &Shared,
+) -> Step {
+    let (limit, usage) = {
+        let _l = shared.mech.lock().unwrap_or_else(|e| e.into_inner());
+        (cg.limit()?, cg.usage()?)
+    };
+    let Some(lim) = limit else { return Ok((u64::MAX, 0, None)) };
+    let free = lim.saturating_sub(usage) / PAGE;
+    Ok((free, hyst.entry(0).or_default().step(free, wm, batch), limit))
+}
+
+fn system_step(
+    core: &crate::policy::CoreThresholds,
+    batch: u64,
+    hyst: &mut BTreeMap<usize, Hysteresis>,
+    warned: &mut bool,
+    shared: &Shared,
+) -> Step {
+    let zones = read_zoneinfo()?;
+    let wsf: u64 = read_vm_sysctl("watermark_scale_factor")?.parse().unwrap_or(10);
+    let kmin: u64 = read_vm_sysctl("min_free_kbytes")?.parse().unwrap_or(0);
+    let eff = effective_zone_watermarks(core, &zones, kmin, wsf);
+    let (mut need, mut free_min) = (0, u64::MAX);
+    for (i, (z, wm, raised)) in eff.iter().enumerate() {
+        if *raised && !*warned {
+            shared.say(format!(
+                "zone {}: this core's low is not above the kernel's high; using low {} high {} pages",
+                z.name, wm.low, wm.high
+            ));
+            *warned = true;
+        }
+        free_min = free_min.min(z.free);
+        need = need.max(hyst.entry(i).or_default().step(z.free, *wm, batch));
+    }
+    Ok((free_min, need, None))
+}
+
+/// The core's per-zone watermarks, raised above the kernel's own high watermark where they are
+/// not (so the worker starts before kswapd would): (zone, watermarks, raised?).
+pub fn effective_zone_watermarks<'z>(
+    core: &crate::policy::CoreThresholds,
+    zones: &'z [Zone],
+    kernel_min_free_kbytes: u64,
+    wsf: u64,
+) -> Vec<(&'z Zone, Watermarks, bool)> {
+    let shapes: Vec<ZoneShape> =
+        zones.iter().map(|z| ZoneShape { managed: z.managed, movable_or_high: z.name == "Movable" }).collect();
+    let kernel = kernel_watermarks(kernel_min_free_kbytes, PAGE_SHIFT, wsf, &shapes);
+    let lowmem: u64 = shapes.iter().filter(|s| !s.movable_or_high).map(|s| s.managed).sum();
+    zones
+        .iter()
+        .zip(kernel)
+        .filter(|(z, _)| z.is_populated() && z.name != "Movable")
+        .map(|(z, k)| {
+            let mut wm = core.zone_watermarks(PAGE_SHIFT, z.managed, lowmem);
+            let raised = wm.low <= z.high.max(k.high);
+            if raised {
+                let gap = (wm.high - wm.low).max(z.high.max(k.high) - z.min.max(k.min));
+                wm.low = z.high.max(k.high) + 1;
+                wm.high = wm.high.max(wm.low + gap);
+            }
+            (z, wm, raised)
+        })
+        .collect()
+}
+
+/// System scope: drop the page cache of the coldest files (oldest access) under `paths` until
+/// MemFree rose by `bytes`; then drop_caches if allowed. Returns the rise of MemFree.
+fn system_reclaim(bytes: u64, paths: &[PathBuf], drop_caches: bool) -> pagewise_kernel::Result<u64> {
+    let free = || -> pagewise_kernel::Result<u64> { Ok(pagewise_kernel::procfs::read_meminfo()?.mem_free) };
+    let start = free()?;
+    let mut files = Vec::new();
+    for p in paths {
+        collect_files(p, &mut files, 0);
+    }
+    files.sort_by_key(|(_, atime)| *atime);
+    for (f, _) in files {
+        let _ = pagecache::drop_file_cache(&f);
+        if free()?.saturating_sub(start) >= bytes {
+            return Ok(free()?.saturating_sub(start));
+        }
+    }
+    if drop_caches {
+        pagecache::drop_caches(pagecache::DropCaches::PageCache)?;
+    }
+    Ok(free()?.saturating_sub(start))
+}
+
+fn collect_files(p: &Path, out: &mut Vec<(PathBuf, std::time::SystemTime)>, depth: usize) {
+    let Ok(md) = std::fs::symlink_metadata(p) else { return };
+    if md.is_file() {
+        out.push((p.to_path_buf(), md.accessed().unwrap_or(std::time::UNIX_EPOCH)));
+    } else if md.is_dir() && depth < 16 {
+        if let Ok(rd) = std::fs::read_dir(p) {
+            for e in rd.flatten() {
+                collect_files(&e.path(), out, depth + 1);
+            }
+        }
+    }
+}
+
+/// Split reclaim's slab batch: when the group's kernel memory is at or above Sstart, reclaim
+/// one batch with vfs_cache_pressure raised for that batch.
+fn slab_step(
+    cg: &MemCgroup,
+    split: &crate::config::SplitConfig,
+    limit: Option<u64>,
+    pass: Duration,
+    shared: &Shared,
+) -> pagewise_kernel::Result<Option<u64>> {
+    let Some(lim) = limit else { return Ok(None) };
+    let slab = cg.slab_bytes()?;
+    let sstart = split.sstart_kb.map_or(lim / 100 * u64::from(split.sstart_percent), |k| k * 1024);
+    let d = crate::policy::split_decide(
+        crate::policy::SplitThresholds { pstart: 0, pstop: 0, sstart: sstart / PAGE, sstop: sstart / PAGE * 9 / 10 },
+        u64::MAX,
+        slab / PAGE,
+        0,
+        (split.slab_batch_kb * 1024 / PAGE).max(1),
+    );
+    if d.slab == 0 {
+        return Ok(None);
+    }
+    let _l = shared.mech.lock().unwrap_or_else(|e| e.into_inner());
+    let normal = split.vfs_cache_pressure.map(|p| p.to_string()).unwrap_or(read_vm_sysctl("vfs_cache_pressure")?);
+    set_vm_sysctl(&shared.guard, "vfs_cache_pressure", &split.slab_pass_pressure.to_string())?;
+    let got = cg.reclaim_in_caller_within(&shared.guard, d.slab * PAGE, limit, Some(pass));
+    set_vm_sysctl(&shared.guard, "vfs_cache_pressure", &normal)?;
+    let before = slab;
+    let after = cg.slab_bytes()?;
+    got?;
+    Ok(Some(before.saturating_sub(after)))
+}

@@ -1,0 +1,455 @@
+//! Pure policy: per-core thresholds with the paper's semantics, the kernel's watermark rule,
+//! the reclaim worker's hysteresis and the split-reclaim triggers. No I/O, no clock.
+//!
+//! ## Per-core thresholds (seed 002)
+//! Each core has `min_free_kbytes` (its pages_min in KiB), `pages_low_ratio` and
+//! `pages_high_ratio` (pages_low and pages_high in % of pages_min; the kernel's historical
+//! defaults 125 and 150, i.e. low = min + min/4, high = min + min/2). Writing the global value
+//! sets every core to it with the default ratios; writing one core makes the global
+//! min_free_kbytes the sum of every core's min.
+//!
+//! ## Rounding
+//! Follows mm/page_alloc.c `__setup_per_zone_wmarks()`: pages_min = min_free_kbytes >>
+//! (PAGE_SHIFT - 10), distributed over the low-memory zones in proportion to their managed
+//! pages with integer (floor) division; ZONE_MOVABLE and highmem get managed/1024 clamped to
+//! [SWAP_CLUSTER_MAX, 128]. The per-core low/high are floor(min * ratio / 100) of that zone min.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+/// pages_low_ratio the kernel's old rule implies (low = min * 5/4).
+pub const DEFAULT_LOW_RATIO: u32 = 125;
+/// pages_high_ratio the kernel's old rule implies (high = min * 3/2).
+pub const DEFAULT_HIGH_RATIO: u32 = 150;
+/// mm/vmscan.c SWAP_CLUSTER_MAX.
+pub const SWAP_CLUSTER_MAX: u64 = 32;
+
+/// A threshold the policy refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// A ratio below 100 would put pages_low or pages_high under pages_min.
+    #[error("{key} = {value} is below 100 (it is a percentage of pages_min and must be at least 100)")]
+    RatioBelow100 { key: &'static str, value: u32 },
+    /// pages_high below pages_low leaves the worker no hysteresis.
+    #[error("pages_high_ratio = {high} is below pages_low_ratio = {low}")]
+    HighBelowLow { low: u32, high: u32 },
+    /// The core is not in the table (not online / not configured).
+    #[error("cpu{cpu} is not a known core (known: {known})")]
+    UnknownCore { cpu: usize, known: String },
+    /// Unparsable per-core file text.
+    #[error("bad per-core threshold text: {0}")]
+    BadText(String),
+}
+
+/// One core's thresholds, as the paper's `/proc/sys/vm/percpu_free_mem/cpuN` holds them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoreThresholds {
+    pub min_free_kbytes: u64,
+    pub pages_low_ratio: u32,
+    pub pages_high_ratio: u32,
+}
+
+/// Watermarks in pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Watermarks {
+    pub min: u64,
+    pub low: u64,
+    pub high: u64,
+}
+
+impl CoreThresholds {
+    /// `min_free_kbytes` with the default ratios 125/150.
+    pub fn with_defaults(min_free_kbytes: u64) -> Self {
+        CoreThresholds { min_free_kbytes, pages_low_ratio: DEFAULT_LOW_RATIO, pages_high_ratio: DEFAULT_HIGH_RATIO }
+    }
+
+    /// Ratios at least 100 and high ≥ low.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        if self.pages_low_ratio < 100 {
+            return Err(PolicyError::RatioBelow100 { key: "pages_low_ratio", value: self.pages_low_ratio });
+        }
+        if self.pages_high_ratio < 100 {
+            return Err(PolicyError::RatioBelow100 { key: "pages_high_ratio", value: self.pages_high_ratio });
+        }
+        if self.pages_high_ratio < self.pages_low_ratio {
+            return Err(PolicyError::HighBelowLow { low: self.pages_low_ratio, high: self.pages_high_ratio });
+        }
+        Ok(())
+    }
+
+    /// pages_min of this core: min_free_kbytes >> (PAGE_SHIFT - 10).
+    pub fn pages_min(&self, page_shift: u32) -> u64 {
+        self.min_free_kbytes >> (page_shift - 10)
+    }
+
+    /// Watermarks for a zone minimum already in pages.
+    pub fn scaled(&self, zone_min: u64) -> Watermarks {
+        Watermarks {
+            min: zone_min,
+            low: zone_min * u64::from(self.pages_low_ratio) / 100,
+            high: zone_min * u64::from(self.pages_high_ratio) / 100,
+        }
+    }
+
+    /// Watermarks over one pool of pages (a memory cgroup's headroom): no zone split.
+    pub fn watermarks(&self, page_shift: u32) -> Watermarks {
+        self.scaled(self.pages_min(page_shift))
+    }
+
+    /// Watermarks of this core in one low-memory zone, distributed as the kernel does.
+    pub fn zone_watermarks(&self, page_shift: u32, zone_managed: u64, lowmem_managed: u64) -> Watermarks {
+        if lowmem_managed == 0 {
+            return Watermarks::default();
+        }
+        let min =
+            (u128::from(self.pages_min(page_shift)) * u128::from(zone_managed) / u128::from(lowmem_managed)) as u64;
+        self.scaled(min)
+    }
+
+    /// The text of a per-core file: three `key value` lines.
+    pub fn to_text(&self) -> String {
+        format!(
+            "min_free_kbytes {}\npages_low_ratio {}\npages_high_ratio {}\n",
+            self.min_free_kbytes, self.pages_low_ratio, self.pages_high_ratio
+        )
+    }
+
+    /// Parse a per-core file. Keys may come in any order; a missing ratio keeps `base`'s;
+    /// a lone number sets min_free_kbytes with default ratios (like writing the global file).
+    pub fn parse_text(text: &str, base: CoreThresholds) -> Result<Self, PolicyError> {
+        let t = text.trim();
+        if let Ok(kb) = t.parse::<u64>() {
+            return Ok(Self::with_defaults(kb));
+        }
+        let mut out = base;
+        let mut seen = false;
+        for line in t.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let (k, v) = line
+                .split_once(|c: char| c.is_whitespace() || c == '=')
+                .ok_or_else(|| PolicyError::BadText(format!("line {line:?} is not `key value`")))?;
+            let v = v.trim().trim_start_matches('=').trim();
+            let num =
+                |v: &str| v.parse::<u64>().map_err(|_| PolicyError::BadText(format!("{k}: {v:?} is not a number")));
+            match k.trim() {
+                "min_free_kbytes" => out.min_free_kbytes = num(v)?,
+                "pages_low_ratio" => out.pages_low_ratio = num(v)?.min(u64::from(u32::MAX)) as u32,
+                "pages_high_ratio" => out.pages_high_ratio = num(v)?.min(u64::from(u32::MAX)) as u32,
+                other => return Err(PolicyError::BadText(format!("unknown key {other:?}"))),
+            }
+            seen = true;
+        }
+        if !seen {
+            return Err(PolicyError::BadText("empty".into()));
+        }
+        out.validate()?;
+        Ok(out)
+    }
+}
+
+/// The per-core table and the global min_free_kbytes it implies.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PerCoreTable {
+    cores: BTreeMap<usize, CoreThresholds>,
+    global_min_free_kbytes: u64,
+}
+
+impl PerCoreTable {
+    /// Every core of `cpus` at `global` with the default ratios (the state after writing the
+    /// global min_free_kbytes).
+    pub fn uniform(cpus: &BTreeSet<usize>, global: u64) -> Self {
+        PerCoreTable {
+            cores: cpus.iter().map(|&c| (c, CoreThresholds::with_defaults(global))).collect(),
+            global_min_free_kbytes: global,
+        }
+    }
+
+    /// Writing the global min_free_kbytes: every core gets it, with ratios 125/150.
+    pub fn set_global(&mut self, kb: u64) {
+        for t in self.cores.values_mut() {
+            *t = CoreThresholds::with_defaults(kb);
+        }
+        self.global_min_free_kbytes = kb;
+    }
+
+    /// Writing one core: the global becomes the sum of all cores' mins, which is returned.
+    pub fn set_core(&mut self, cpu: usize, t: CoreThresholds) -> Result<u64, PolicyError> {
+        t.validate()?;
+        let known = self.cpus_text();
+        let slot = self.cores.get_mut(&cpu).ok_or(PolicyError::UnknownCore { cpu, known })?;
+        *slot = t;
+        self.global_min_free_kbytes = self.sum_of_mins();
+        Ok(self.global_min_free_kbytes)
+    }
+
+    /// Set several cores at once (a cpulist); the global is the sum afterwards.
+    pub fn set_cores(&mut self, cpus: &BTreeSet<usize>, t: CoreThresholds) -> Result<u64, PolicyError> {
+        t.validate()?;
+        if let Some(&cpu) = cpus.iter().find(|c| !self.cores.contains_key(c)) {
+            return Err(PolicyError::UnknownCore { cpu, known: self.cpus_text() });
+        }
+        for c in cpus {
+            self.cores.insert(*c, t);
+        }
+        self.global_min_free_kbytes = self.sum_of_mins();
+        Ok(self.global_min_free_kbytes)
+    }
+
+    pub fn get(&self, cpu: usize) -> Option<CoreThresholds> {
+        self.cores.get(&cpu).copied()
+    }
+
+    pub fn cores(&self) -> &BTreeMap<usize, CoreThresholds> {
+        &self.cores
+    }
+
+    pub fn global_min_free_kbytes(&self) -> u64 {
+        self.global_min_free_kbytes
+    }
+
+    pub fn sum_of_mins(&self) -> u64 {
+        self.cores.values().map(|t| t.min_free_kbytes).sum()
+    }
+
+    fn cpus_text(&self) -> String {
+        pagewise_kernel::cpu::format_cpulist(&self.cores.keys().copied().collect())
+    }
+}
+
+/// One zone as the watermark rule sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ZoneShape {
+    pub managed: u64,
+    /// ZONE_MOVABLE or highmem: not counted in lowmem_pages, gets the small fixed minimum.
+    pub movable_or_high: bool,
+}
+
+/// The kernel's own watermarks for `min_free_kbytes` (mm/page_alloc.c __setup_per_zone_wmarks,
+/// Linux 6.x, without boost): min, low = min + max(min/4, managed * wsf / 10000), high = low +
+/// the same step.
+pub fn kernel_watermarks(min_free_kbytes: u64, page_shift: u32, wsf: u64, zones: &[ZoneShape]) -> Vec<Watermarks> {
+    let pages_min = min_free_kbytes >> (page_shift - 10);
+    let lowmem: u64 = zones.iter().filter(|z| !z.movable_or_high).map(|z| z.managed).sum();
+    zones
+        .iter()
+        .map(|z| {
+            let tmp = if lowmem == 0 {
+                0
+            } else {
+                (u128::from(pages_min) * u128::from(z.managed) / u128::from(lowmem)) as u64
+            };
+            let min = if z.movable_or_high { (z.managed / 1024).clamp(SWAP_CLUSTER_MAX, 128) } else { tmp };
+            let step = (tmp >> 2).max((u128::from(z.managed) * u128::from(wsf) / 10000) as u64);
+            Watermarks { min, low: min + step, high: min + 2 * step }
+        })
+        .collect()
+}
+
+/// The reclaim worker's hysteresis: start below `low`, reclaim until above `high`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Hysteresis {
+    pub active: bool,
+}
+
+impl Hysteresis {
+    /// Given the free pages now, how many pages to reclaim in this step (at most `batch`).
+    /// Zero when idle.
+    pub fn step(&mut self, free: u64, wm: Watermarks, batch: u64) -> u64 {
+        if free < wm.low {
+            self.active = true;
+        }
+        if self.active && free >= wm.high {
+            self.active = false;
+        }
+        if self.active {
+            (wm.high - free).min(batch.max(1))
+        } else {
+            0
+        }
+    }
+}
+
+/// Split-reclaim thresholds (seed 004), all in pages of the scope being watched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SplitThresholds {
+    /// Free pages at or below which page-cache-only reclaim starts (the old direct-reclaim start).
+    pub pstart: u64,
+    /// Free pages the page reclaim stops at.
+    pub pstop: u64,
+    /// Reclaimable slab pages at or above which slab reclaim starts.
+    pub sstart: u64,
+    /// Slab pages the slab reclaim aims for before it stops (hysteresis under sstart).
+    pub sstop: u64,
+}
+
+/// What to reclaim now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize)]
+pub struct SplitDecision {
+    /// Page-cache pages to reclaim (0: none).
+    pub page_cache: u64,
+    /// Slab pages to reclaim in this batch (0: none).
+    pub slab: u64,
+}
+
+/// Default Sstart: 50% of the pages of the scope.
+pub fn default_sstart(total_pages: u64) -> u64 {
+    total_pages / 2
+}
+
+/// The split-reclaim trigger as a pure function of the observed state: page reclaim when
+/// free ≤ Pstart (up to Pstop), slab reclaim when reclaimable slab ≥ Sstart (down to Sstop),
+/// each bounded by its batch.
+pub fn split_decide(t: SplitThresholds, free: u64, slab: u64, page_batch: u64, slab_batch: u64) -> SplitDecision {
+    let page_cache = if free <= t.pstart { t.pstop.max(t.pstart + 1).saturating_sub(free).min(page_batch) } else { 0 };
+    let slab = if slab >= t.sstart { slab.saturating_sub(t.sstop.min(t.sstart)).max(1).min(slab_batch) } else { 0 };
+    SplitDecision { page_cache, slab }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn cpus(n: usize) -> BTreeSet<usize> {
+        (0..n).collect()
+    }
+
+    #[test]
+    fn paper_table_round_trips() {
+        // Seed 002, evaluation settings. Without: 3831/3831, 125/125, 150/150.
+        let mut t = PerCoreTable::uniform(&cpus(2), 3831);
+        for c in 0..2 {
+            assert_eq!(
+                t.get(c).unwrap(),
+                CoreThresholds { min_free_kbytes: 3831, pages_low_ratio: 125, pages_high_ratio: 150 }
+            );
+        }
+        assert_eq!(t.global_min_free_kbytes(), 3831);
+        // With: core0 12288/240/400, core1 256/3300/4000.
+        let c0 = CoreThresholds { min_free_kbytes: 12288, pages_low_ratio: 240, pages_high_ratio: 400 };
+        let c1 = CoreThresholds { min_free_kbytes: 256, pages_low_ratio: 3300, pages_high_ratio: 4000 };
+        t.set_core(0, c0).unwrap();
+        assert_eq!(t.set_core(1, c1).unwrap(), 12288 + 256);
+        for (cpu, c) in [(0, c0), (1, c1)] {
+            let text = t.get(cpu).unwrap().to_text();
+            assert_eq!(CoreThresholds::parse_text(&text, CoreThresholds::with_defaults(0)).unwrap(), c);
+        }
+        // In pages (4 KiB): core0 min 3072, low 7372, high 12288; core1 min 64, low 2112, high 2560.
+        assert_eq!(c0.watermarks(12), Watermarks { min: 3072, low: 7372, high: 12288 });
+        assert_eq!(c1.watermarks(12), Watermarks { min: 64, low: 2112, high: 2560 });
+        // Writing the global again resets every core to it with default ratios.
+        t.set_global(3831);
+        assert_eq!(t.get(1).unwrap(), CoreThresholds::with_defaults(3831));
+        // 3831 KiB is 957 pages (floor), low 1196, high 1435.
+        assert_eq!(t.get(0).unwrap().watermarks(12), Watermarks { min: 957, low: 1196, high: 1435 });
+    }
+
+    #[test]
+    fn kernel_rule_matches_this_vm() {
+        // /proc/zoneinfo of the 6.18 Firecracker VM at min_free_kbytes 67584, wsf 10:
+        // DMA managed 3840 min 45 low 56 high 67; DMA32 772917: 9118/11397/13676;
+        // Normal 655360: 7731/9663/11595; Movable 0: min 32.
+        let zones = [
+            ZoneShape { managed: 3840, movable_or_high: false },
+            ZoneShape { managed: 772917, movable_or_high: false },
+            ZoneShape { managed: 655360, movable_or_high: false },
+            ZoneShape { managed: 0, movable_or_high: true },
+        ];
+        let w = kernel_watermarks(67584, 12, 10, &zones);
+        assert_eq!(w[0], Watermarks { min: 45, low: 56, high: 67 });
+        assert_eq!(w[1], Watermarks { min: 9118, low: 11397, high: 13676 });
+        assert_eq!(w[2], Watermarks { min: 7731, low: 9663, high: 11595 });
+        assert_eq!(w[3].min, 32);
+        // The per-core distribution uses the same floor rule for min.
+        let c = CoreThresholds::with_defaults(67584);
+        assert_eq!(c.zone_watermarks(12, 655360, 3840 + 772917 + 655360).min, 7731);
+    }
+
+    #[test]
+    fn bad_thresholds_are_refused() {
+        let mut t = PerCoreTable::uniform(&cpus(2), 1000);
+        let e = t.set_core(5, CoreThresholds::with_defaults(1)).unwrap_err();
+        assert!(e.to_string().contains("cpu5"), "{e}");
+        let e = t.set_core(0, CoreThresholds { min_free_kbytes: 1, pages_low_ratio: 99, pages_high_ratio: 150 });
+        assert!(e.unwrap_err().to_string().contains("pages_low_ratio"));
+        let e = t.set_core(0, CoreThresholds { min_free_kbytes: 1, pages_low_ratio: 200, pages_high_ratio: 150 });
+        assert!(matches!(e, Err(PolicyError::HighBelowLow { .. })));
+        assert!(CoreThresholds::parse_text("bogus 3", CoreThresholds::with_defaults(0)).is_err());
+        assert!(CoreThresholds::parse_text("", CoreThresholds::with_defaults(0)).is_err());
+        assert_eq!(
+            CoreThresholds::parse_text("512\n", CoreThresholds::with_defaults(0)).unwrap(),
+            CoreThresholds::with_defaults(512)
+        );
+        let partial =
+            CoreThresholds::parse_text("pages_low_ratio=300\npages_high_ratio 400", CoreThresholds::with_defaults(64));
+        assert_eq!(
+            partial.unwrap(),
+            CoreThresholds { min_free_kbytes: 64, pages_low_ratio: 300, pages_high_ratio: 400 }
+        );
+    }
+
+    #[test]
+    fn hysteresis_runs_from_low_to_high() {
+        let wm = Watermarks { min: 10, low: 20, high: 40 };
+        let mut h = Hysteresis::default();
+        assert_eq!(h.step(25, wm, 100), 0);
+        assert_eq!(h.step(19, wm, 100), 21);
+        assert_eq!(h.step(30, wm, 4), 4, "still active between low and high, bounded by the batch");
+        assert_eq!(h.step(40, wm, 100), 0);
+        assert_eq!(h.step(30, wm, 100), 0, "idle again until below low");
+    }
+
+    #[test]
+    fn split_triggers() {
+        let t = SplitThresholds { pstart: 100, pstop: 200, sstart: 1000, sstop: 800 };
+        assert_eq!(split_decide(t, 150, 10, 64, 64), SplitDecision { page_cache: 0, slab: 0 });
+        assert_eq!(split_decide(t, 100, 10, 64, 64), SplitDecision { page_cache: 64, slab: 0 });
+        assert_eq!(split_decide(t, 180, 10, 64, 64).page_cache, 0);
+        assert_eq!(split_decide(t, 150, 1000, 64, 64), SplitDecision { page_cache: 0, slab: 64 });
+        assert_eq!(split_decide(t, 150, 1010, 64, 1000), SplitDecision { page_cache: 0, slab: 210 });
+        assert_eq!(default_sstart(1 << 20), 1 << 19);
+    }
+
+    proptest! {
+        #[test]
+        fn setting_cores_makes_global_the_sum(mins in proptest::collection::vec(0u64..1 << 30, 1..64),
+                                              low in 100u32..5000, extra in 0u32..5000) {
+            let n = mins.len();
+            let mut t = PerCoreTable::uniform(&cpus(n), 3831);
+            for (c, &m) in mins.iter().enumerate() {
+                t.set_core(c, CoreThresholds { min_free_kbytes: m, pages_low_ratio: low, pages_high_ratio: low + extra }).unwrap();
+            }
+            prop_assert_eq!(t.global_min_free_kbytes(), mins.iter().sum::<u64>());
+            t.set_global(mins[0]);
+            prop_assert!(t.cores().values().all(|c| *c == CoreThresholds::with_defaults(mins[0])));
+        }
+
+        #[test]
+        fn watermarks_are_ordered_and_text_round_trips(kb in 0u64..1 << 40, low in 100u32..100_000, extra in 0u32..100_000,
+                                                       managed in 1u64..1 << 24, more in 0u64..1 << 24) {
+            let c = CoreThresholds { min_free_kbytes: kb, pages_low_ratio: low, pages_high_ratio: low + extra };
+            let w = c.zone_watermarks(12, managed, managed + more);
+            prop_assert!(w.min <= w.low && w.low <= w.high);
+            prop_assert!(w.min <= c.pages_min(12));
+            prop_assert_eq!(CoreThresholds::parse_text(&c.to_text(), CoreThresholds::with_defaults(1)).unwrap(), c);
+        }
+
+        #[test]
+        fn zone_mins_sum_to_at_most_pages_min(kb in 0u64..1 << 32, zones in proptest::collection::vec(1u64..1 << 22, 1..5)) {
+            let shapes: Vec<ZoneShape> = zones.iter().map(|&m| ZoneShape { managed: m, movable_or_high: false }).collect();
+            let w = kernel_watermarks(kb, 12, 10, &shapes);
+            let sum: u64 = w.iter().map(|w| w.min).sum();
+            prop_assert!(sum <= kb >> 2 && sum + zones.len() as u64 > kb >> 2);
+        }
+
+        #[test]
+        fn hysteresis_never_overshoots(free in 0u64..10_000, low in 0u64..5000, gap in 0u64..5000, batch in 1u64..1000) {
+            let wm = Watermarks { min: 0, low, high: low + gap };
+            let mut h = Hysteresis::default();
+            let n = h.step(free, wm, batch);
+            prop_assert!(n <= batch);
+            prop_assert!(n == 0 || free + n <= wm.high);
+            prop_assert_eq!(n > 0, free < low && free < low + gap);
+        }
+    }
+}

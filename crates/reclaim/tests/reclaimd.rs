@@ -1,0 +1,309 @@
+//! Real-kernel tests of reclaimd and `reclaim stat`: memory cgroups (v1 on this VM), tracefs,
+//! real processes (the `pagewise-reclaim-load` helper) pinned to real cores.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pagewise_kernel::cgroup::{v1_memory_root, v2_memory_root, MemCgroup};
+use pagewise_kernel::procfs::read_vm_sysctl;
+use pagewise_kernel::SettingsGuard;
+use pagewise_reclaim::config::Config;
+use pagewise_reclaim::daemon::{Daemon, Options};
+use pagewise_reclaim::stats::Collector;
+
+const LOAD: &str = env!("CARGO_BIN_EXE_pagewise-reclaim-load");
+
+/// The tests share tracefs: the first guard that mounts it unmounts it when dropped, which
+/// would pull the trace instance from under a test running in parallel. Run them one by one.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn usable() -> bool {
+    let cpus = pagewise_kernel::cpu::online_cpus().map(|c| c.len()).unwrap_or(0);
+    if cpus < 2 || (v1_memory_root().is_none() && v2_memory_root().is_none()) || !pagewise_kernel::tracefs::supported()
+    {
+        eprintln!("skipped: needs 2 CPUs, a memory cgroup controller and tracefs");
+        return false;
+    }
+    true
+}
+
+/// A file of `mb` MiB under /var/tmp, not in the page cache; removed on drop.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(tag: &str, mb: usize) -> Self {
+        let dir = PathBuf::from(format!("/var/tmp/pagewise-reclaim-test-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("data");
+        let chunk = vec![0xa5u8; 1 << 20];
+        let mut f = std::fs::File::create(&path).unwrap();
+        for _ in 0..mb {
+            std::io::Write::write_all(&mut f, &chunk).unwrap();
+        }
+        f.sync_all().unwrap();
+        pagewise_kernel::pagecache::drop_file_cache(&path).unwrap();
+        TempFile(path)
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(self.0.parent().unwrap());
+    }
+}
+
+fn spawn(args: &[String]) -> Child {
+    Command::new(LOAD).args(args).stdout(Stdio::piped()).spawn().unwrap()
+}
+
+fn output(child: Child) -> serde_json::Value {
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "load failed: {:?}", out.status);
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn s(v: impl ToString) -> String {
+    v.to_string()
+}
+
+#[test]
+fn stat_attributes_memcg_reclaim_to_the_core_it_ran_on() {
+    let _serial = serial();
+    if !usable() {
+        return;
+    }
+    let file = TempFile::new("stat", 160);
+    for cpu in [1usize, 0] {
+        let guard = SettingsGuard::new_without_signal_handler();
+        let cg = MemCgroup::create(&guard, &format!("test-stat-{}-{cpu}", std::process::id())).unwrap();
+        cg.set_limit(Some(48 << 20)).unwrap();
+        let collector = Collector::start(&guard).unwrap();
+        let path = cg.path().display().to_string();
+        let child = spawn(&[
+            s("pressure"),
+            s("--cpu"),
+            s(cpu),
+            s("--file"),
+            file.0.display().to_string(),
+            s("--seconds"),
+            s(1.0),
+            s("--cgroup"),
+            path,
+        ]);
+        let pid = child.id() as i32;
+        let res = output(child);
+        assert!(res["bytes"].as_u64().unwrap() > 100 << 20);
+        let agg = collector.finish().unwrap();
+        let task = agg.tasks.get(&pid).unwrap_or_else(|| panic!("no reclaim seen for the reader pinned to cpu {cpu}"));
+        assert!(task.reclaim.count > 0);
+        assert_eq!(
+            task.cpus,
+            BTreeSet::from([cpu]),
+            "every memcg reclaim of a task pinned to cpu {cpu} is charged there"
+        );
+        assert!(agg.cores[&cpu].memcg.count >= task.reclaim.count);
+        assert!(agg.cores[&cpu].pages_reclaimed > 0);
+        let dir = pagewise_kernel::tracefs::mounted().unwrap();
+        drop(guard);
+        let left: Vec<_> = std::fs::read_dir(dir.join("instances"))
+            .map(|r| r.flatten().map(|e| e.file_name().to_string_lossy().to_string()).collect())
+            .unwrap_or_default();
+        assert!(
+            !left.iter().any(|n| n.starts_with(&format!("pagewise-{}-", std::process::id()))),
+            "instance removed: {left:?}"
+        );
+    }
+}
+
+fn cgroup_config(cg: &Path, extra: &str) -> Config {
+    let text = format!(
+        "scope = \"cgroup\"\ncgroup = \"{}\"\ninterval_ms = 5\nbatch_kb = 16384\nworker_rt_priority = 10\n\
+         [roles]\nprotect = \"1\"\nreclaim = \"0\"\n\
+         [cores.\"0\"]\nmin_free_kbytes = 16384\npages_low_ratio = 200\npages_high_ratio = 300\n{extra}",
+        cg.display()
+    );
+    Config::parse(&text, &pagewise_kernel::cpu::online_cpus().unwrap(), 67584).unwrap()
+}
+
+#[test]
+fn reclaimd_keeps_the_group_below_its_threshold_from_the_reclaim_core() {
+    let _serial = serial();
+    if !usable() {
+        return;
+    }
+    let file = TempFile::new("daemon", 256);
+    let guard = Arc::new(SettingsGuard::new_without_signal_handler());
+    let cg = MemCgroup::create(&guard, &format!("test-reclaimd-{}", std::process::id())).unwrap();
+    let limit = 160u64 << 20;
+    cg.set_limit(Some(limit)).unwrap();
+    let cfg = cgroup_config(cg.path(), "");
+    let collector = Collector::start(&guard).unwrap();
+    let daemon = Daemon::start(&cfg, guard.clone(), Options::default()).unwrap();
+    let path = cg.path().display().to_string();
+    let secs = 3.0;
+    let pressure = spawn(&[
+        s("pressure"),
+        s("--cpu"),
+        s(0),
+        s("--file"),
+        file.0.display().to_string(),
+        s("--fill-mb"),
+        s(32),
+        s("--seconds"),
+        s(secs),
+        s("--cgroup"),
+        path.clone(),
+    ]);
+    let protect = spawn(&[s("protect"), s("--cpu"), s(1), s("--seconds"), s(secs), s("--cgroup"), path]);
+    let protect_pid = protect.id() as i32;
+    // Sample the group's headroom while the loads run.
+    let mut headroom = Vec::new();
+    let t0 = Instant::now();
+    while t0.elapsed().as_secs_f64() < secs {
+        if let (Ok(Some(l)), Ok(u)) = (cg.limit(), cg.usage()) {
+            if l == limit {
+                headroom.push(l.saturating_sub(u));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let p = output(pressure);
+    let q = output(protect);
+    let report = daemon.stop();
+    let agg = collector.finish().unwrap();
+    assert_eq!(cg.limit().unwrap(), Some(limit), "the limit is back after every lowering");
+    let w = &report.workers[0];
+    assert_eq!(w.ran_on, BTreeSet::from([0]), "the worker ran on its reclaim core only");
+    assert!(w.errors.is_empty(), "{:?}", w.errors);
+    assert!(w.reclaimed_bytes > 64 << 20, "the worker reclaimed the file's cache: {w:?}");
+    assert!(p["bytes"].as_u64().unwrap() > 256 << 20, "the pressure read past the limit: {p}");
+    assert!(q["latency"]["count"].as_u64().unwrap() > 100);
+    // The worker's reclaim is charged to core 0, where it runs.
+    let worker_events: u64 =
+        agg.tasks.values().filter(|t| t.task.starts_with("reclaimd-cpu0")).map(|t| t.reclaim.count).sum();
+    assert!(worker_events > 0, "memcg reclaim seen in the worker: {:?}", agg.tasks.keys());
+    for t in agg.tasks.values().filter(|t| t.task.starts_with("reclaimd-cpu0")) {
+        assert_eq!(t.cpus, BTreeSet::from([0]));
+    }
+    // The group stayed below its threshold: median headroom at least the worker's low minus
+    // one batch of the pressure's consumption, and the protected task did not reclaim.
+    headroom.sort_unstable();
+    let median = headroom[headroom.len() / 2];
+    let low = 16384u64 * 1024 * 2;
+    assert!(median >= low / 2, "median headroom {median} vs low {low}");
+    let protected = agg.tasks.get(&protect_pid).map_or(0, |t| t.reclaim.count);
+    eprintln!(
+        "worker reclaimed {} MiB in {} passes; median headroom {} MiB; protected task reclaims {protected}; pressure {:.0} MiB/s; protect p99 {} µs",
+        w.reclaimed_bytes >> 20,
+        w.reclaim_passes,
+        median >> 20,
+        p["mib_per_s"].as_f64().unwrap(),
+        q["latency"]["p99_us"]
+    );
+    assert_eq!(protected, 0, "the protected task on core 1 entered memcg reclaim");
+}
+
+#[test]
+fn the_guard_restores_every_setting_and_the_tree_goes_away() {
+    let _serial = serial();
+    if !usable() {
+        return;
+    }
+    let before_min = read_vm_sysctl("min_free_kbytes").unwrap();
+    let before_vfs = read_vm_sysctl("vfs_cache_pressure").unwrap();
+    let tree = std::env::temp_dir().join(format!("pw-reclaim-tree-{}", std::process::id()));
+    let limit;
+    let cgpath;
+    {
+        let guard = Arc::new(SettingsGuard::new_without_signal_handler());
+        let cg = MemCgroup::create(&guard, &format!("test-guard-{}", std::process::id())).unwrap();
+        limit = 96u64 << 20;
+        cg.set_limit(Some(limit)).unwrap();
+        cgpath = cg.path().to_path_buf();
+        let kmin: u64 = before_min.parse().unwrap();
+        // The sum of the cores' mins a little above the kernel's value: harmless, visible.
+        let half = (kmin + 4096) / 2;
+        let extra = format!(
+            "[cores.\"1\"]\nmin_free_kbytes = {half}\n[split]\nvfs_cache_pressure = 37\nsstart_percent = 1\nslab_batch_kb = 64\n"
+        );
+        let mut cfg = cgroup_config(&cgpath, &extra);
+        cfg.raw.apply_global = true;
+        let mut cfg = Config::from_raw(cfg.raw.clone(), &pagewise_kernel::cpu::online_cpus().unwrap(), kmin).unwrap();
+        cfg.table.set_core(0, pagewise_reclaim::policy::CoreThresholds::with_defaults(half)).unwrap();
+        let daemon =
+            Daemon::start(&cfg, guard.clone(), Options { tree_dir: Some(tree.clone()), verbose: false }).unwrap();
+        assert_eq!(read_vm_sysctl("min_free_kbytes").unwrap(), (2 * half).to_string());
+        assert_eq!(read_vm_sysctl("vfs_cache_pressure").unwrap(), "37");
+        assert!(tree.join("cpu0").exists());
+        // A live write to the tree is applied (and, with apply_global, reaches the kernel).
+        pagewise_reclaim::tree::write_core(
+            &tree,
+            1,
+            &pagewise_reclaim::policy::CoreThresholds::with_defaults(half + 4),
+        )
+        .unwrap();
+        let t0 = Instant::now();
+        while daemon.table().get(1).unwrap().min_free_kbytes != half + 4 && t0.elapsed() < Duration::from_secs(3) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(daemon.table().global_min_free_kbytes(), 2 * half + 4);
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(read_vm_sysctl("min_free_kbytes").unwrap(), (2 * half + 4).to_string());
+        let report = daemon.stop();
+        assert!(report.log.iter().any(|l| l.contains("cpu1")), "{:?}", report.log);
+        assert_eq!(cg.limit().unwrap(), Some(limit));
+    }
+    assert_eq!(read_vm_sysctl("min_free_kbytes").unwrap(), before_min);
+    assert_eq!(read_vm_sysctl("vfs_cache_pressure").unwrap(), before_vfs);
+    assert!(!tree.exists(), "tree removed");
+    assert!(!cgpath.exists(), "cgroup removed");
+}
+
+#[test]
+fn system_scope_drops_cold_file_cache_from_the_reclaim_core_and_restores_kswapd() {
+    let _serial = serial();
+    if pagewise_kernel::cpu::online_cpus().map(|c| c.len()).unwrap_or(0) < 2 {
+        eprintln!("skipped: needs 2 CPUs");
+        return;
+    }
+    // Core 0's thresholds above all the memory there is: the worker is always below its low
+    // and drops the cache of the files under cache_paths (and nothing else: no drop_caches).
+    let file = TempFile::new("system", 32);
+    let _ = std::fs::read(&file.0).unwrap();
+    assert!(pagewise_kernel::pagecache::cached_bytes(&file.0).unwrap() >= 16 << 20);
+    let kswapd = pagewise_kernel::cpu::kswapd_pids().unwrap();
+    let before: Vec<_> = kswapd.iter().map(|&p| pagewise_kernel::cpu::affinity(p).unwrap()).collect();
+    let text = format!(
+        "scope = \"system\"\ninterval_ms = 10\ncache_paths = [\"{}\"]\n[roles]\nprotect = \"1\"\nreclaim = \"0\"\n\
+         [cores.\"0\"]\nmin_free_kbytes = {}\n",
+        file.0.parent().unwrap().display(),
+        1u64 << 40
+    );
+    let cfg = Config::parse(&text, &pagewise_kernel::cpu::online_cpus().unwrap(), 67584).unwrap();
+    let guard = Arc::new(SettingsGuard::new_without_signal_handler());
+    let daemon = Daemon::start(&cfg, guard.clone(), Options::default()).unwrap();
+    for &p in &kswapd {
+        assert_eq!(
+            pagewise_kernel::cpu::affinity(p).unwrap(),
+            BTreeSet::from([0]),
+            "kswapd pinned to the reclaim core"
+        );
+    }
+    let t0 = Instant::now();
+    while pagewise_kernel::pagecache::cached_bytes(&file.0).unwrap() > 0 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let report = daemon.stop();
+    assert_eq!(pagewise_kernel::pagecache::cached_bytes(&file.0).unwrap(), 0, "cold file dropped: {report:?}");
+    assert!(report.workers[0].reclaim_passes > 0 && report.workers[0].ran_on == BTreeSet::from([0]));
+    drop(guard);
+    let after: Vec<_> = kswapd.iter().map(|&p| pagewise_kernel::cpu::affinity(p).unwrap()).collect();
+    assert_eq!(before, after, "kswapd's affinity restored");
+}

@@ -1,0 +1,79 @@
+/* DLM: distributed large memory (crates/dlm). Memory areas larger than this host's memory,
+ * backed by `pagewise dlm-server` processes on other hosts; the paging unit is
+ * page_size × set count and can change at run time.
+ *
+ * Return values: 0 (or a count) on success, a negative errno on failure. A memory server that
+ * fails while one of its pages is needed stops the program with a message naming it: DLM never
+ * returns data it could not fetch.
+ */
+#ifndef PAGEWISE_DLM_H
+#define PAGEWISE_DLM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum dlm_fault_mode {
+    DLM_FAULT_AUTO = 0,           /* fastest available: SIGBUS, else SIGSEGV */
+    DLM_FAULT_HANDLER_THREAD = 1, /* a thread reads userfaultfd messages */
+    DLM_FAULT_SIGBUS = 2,         /* userfaultfd SIGBUS, served on the faulting thread; a system
+                                   * call meeting a missing DLM page (read(2) into it) fails with
+                                   * EFAULT: use HANDLER_THREAD for programs that hand DLM memory
+                                   * to the kernel */
+    DLM_FAULT_SIGSEGV = 3,        /* no userfaultfd: PROT_NONE + SIGSEGV + mprotect */
+};
+
+/* Zero fields take the defaults: local_mem 64 MiB, page_size 16 KiB, max_set 8,
+ * set_count = max_set, readahead 32 units (readahead < 0: default; 0 disables it). */
+struct dlm_config {
+    const char *servers; /* "host:port,host:port" (required) */
+    size_t local_mem;    /* most bytes of DLM pages resident on this host */
+    size_t page_size;    /* base page: power of two >= 4096 */
+    unsigned max_set;    /* largest set count (power of two) */
+    unsigned set_count;  /* initial set count (power of two <= max_set) */
+    int fault_mode;      /* enum dlm_fault_mode */
+    int readahead;       /* units requested ahead of a sequential stream */
+};
+
+struct dlm_stats {
+    int mode; /* enum dlm_fault_mode actually in use */
+    uint64_t base_page;
+    uint32_t set_count;
+    uint32_t max_set;
+    uint64_t local_limit;
+    uint64_t resident_bytes;
+    uint64_t peak_resident_bytes;
+    uint64_t faults;          /* missing-page faults served */
+    uint64_t wp_faults;       /* first writes to a resident unit */
+    uint64_t fetched_units;   /* units fetched from their home */
+    uint64_t fetched_bytes;
+    uint64_t readahead_units;
+    uint64_t zero_units;      /* never-written units installed as zeros, no message */
+    uint64_t evictions;
+    uint64_t writebacks;
+    uint64_t writeback_bytes;
+};
+
+/* Start the runtime from cfg, or from PAGEWISE_DLM_SERVERS, PAGEWISE_DLM_LOCAL_MEM,
+ * PAGEWISE_DLM_PAGE_SIZE, PAGEWISE_DLM_MAX_SET (and _SET_COUNT, _FAULT_MODE, _READAHEAD) when
+ * cfg is NULL. -EBUSY if already started, -EINVAL for a bad configuration, -ECONNREFUSED etc.
+ * when a server cannot be reached. */
+int dlm_init(const struct dlm_config *cfg);
+/* Allocate len bytes of DLM memory into *out: ordinary memory to every thread. */
+int dlm_alloc(size_t len, void **out);
+/* Free an area from dlm_alloc (its pages on the servers too). -EINVAL if p is not one. */
+int dlm_free(void *p);
+/* Change the set count from now on: a power of two <= max_set. */
+int dlm_set_count(unsigned count);
+int dlm_stats(struct dlm_stats *out);
+/* Free every area and stop the runtime. */
+int dlm_shutdown(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PAGEWISE_DLM_H */
