@@ -3,8 +3,9 @@
 //!
 //! The handler locks the runtime's state and serves the fault like the handler thread would;
 //! the instruction is retried when it returns. Signals on addresses outside DLM areas go to
-//! the handler that was installed before ours (Rust's stack-overflow reporter, or the default
-//! action), by reinstalling it and returning so the fault repeats.
+//! the handler that was installed before ours (HPS's tracker, Rust's stack-overflow reporter,
+//! or the default action): called directly when it is a function, so a DLM installed after
+//! HPS never unhooks HPS's handler.
 //!
 //! What runs in the handler: a mutex lock (never held by the faulting thread itself: the
 //! runtime never touches area memory while holding it except resident pages, which cannot
@@ -59,13 +60,17 @@ pub fn install(sig: libc::c_int) -> io::Result<Installed> {
     Ok(Installed { sig })
 }
 
-/// Put back the handler `install` replaced.
+/// Put back the handler `install` replaced, unless another handler (HPS's) was installed over
+/// ours meanwhile: that one forwards to ours, which forwards on.
 pub fn restore(i: Installed) {
-    let old = old_slot(i.sig).load(Ordering::Acquire);
-    if !old.is_null() {
-        // SAFETY: old is a valid sigaction saved by install.
-        unsafe { libc::sigaction(i.sig, old, std::ptr::null_mut()) };
-    }
+    // SAFETY: the slot holds null or the valid sigaction saved by install.
+    let _ = unsafe {
+        pagewise_kernel::signal::restore_if_current(
+            i.sig,
+            handler as *const () as usize,
+            old_slot(i.sig).load(Ordering::Acquire),
+        )
+    };
 }
 
 /// Whether the faulting access was a write, from the x86 page-fault error code.
@@ -101,11 +106,9 @@ extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
         inner.serve(&mut st, addr, is_write(ctx))
     };
     if let Served::NotOurs = served {
-        let old = old_slot(sig).load(Ordering::Acquire);
-        if !old.is_null() {
-            // SAFETY: old is a valid sigaction; the fault repeats and reaches it.
-            unsafe { libc::sigaction(sig, old, std::ptr::null_mut()) };
-        }
+        // SAFETY: the slot holds the sigaction saved by `install` (freed only when replaced by
+        // a later install); we are in the handler for `sig` with the kernel's arguments.
+        unsafe { pagewise_kernel::signal::forward_to_previous(old_slot(sig).load(Ordering::Acquire), sig, info, ctx) };
     }
     // SAFETY: restoring errno of the interrupted code.
     unsafe { *libc::__errno_location() = errno };

@@ -152,6 +152,70 @@ pub fn set_action(sig: i32, action: &libc::sigaction) -> Result<()> {
     Ok(())
 }
 
+/// Hand a fault signal that is not ours to the action our handler replaced (`previous`, null
+/// for "the default"): a function is called directly with the kernel's arguments; a default or
+/// ignore disposition is reinstalled so that, once we return, the access repeats and meets it
+/// as if we had never been installed. Both HPS and DLM handle SIGBUS; whichever is installed
+/// second forwards to the first, so neither can unhook the other.
+///
+/// # Safety
+/// Call only from a signal handler for `sig`, with the `info`/`ctx` it received; `previous`
+/// must be null or point at a sigaction that stays valid while handlers can run.
+pub unsafe fn forward_to_previous(
+    previous: *const libc::sigaction,
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    ctx: *mut libc::c_void,
+) {
+    // SAFETY: sigaction(2) is async-signal-safe; the caller guarantees `previous` and the
+    // handler arguments are valid.
+    unsafe {
+        if previous.is_null() {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+            return;
+        }
+        let p = &*previous;
+        if p.sa_sigaction == libc::SIG_DFL || p.sa_sigaction == libc::SIG_IGN {
+            libc::sigaction(sig, p, std::ptr::null_mut());
+        } else if p.sa_flags & libc::SA_SIGINFO != 0 {
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                std::mem::transmute(p.sa_sigaction);
+            f(sig, info, ctx);
+        } else {
+            let f: extern "C" fn(libc::c_int) = std::mem::transmute(p.sa_sigaction);
+            f(sig);
+        }
+    }
+}
+
+/// Uninstall the handler `ours` of `sig`, putting back `previous` (null: the default) — but only
+/// while `ours` is still the installed action. When another handler was installed over ours
+/// it forwards to ours, which (now inactive) forwards to `previous`: replacing it here would
+/// unhook the later handler. Returns whether the action was changed.
+///
+/// # Safety
+/// `previous` must be null or point at a valid sigaction.
+pub unsafe fn restore_if_current(sig: libc::c_int, ours: usize, previous: *const libc::sigaction) -> Result<bool> {
+    // SAFETY: output storage for the current action; a null new action only reads it.
+    let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::sigaction(sig, std::ptr::null(), &mut current) } != 0 {
+        return Err(Error::last_os("sigaction"));
+    }
+    if current.sa_sigaction != ours {
+        return Ok(false);
+    }
+    if previous.is_null() {
+        reset_handler(sig)?;
+    } else {
+        // SAFETY: the caller guarantees previous is valid.
+        set_action(sig, unsafe { &*previous })?;
+    }
+    Ok(true)
+}
+
 /// Restore the default disposition of `sig`.
 pub fn reset_handler(sig: i32) -> Result<()> {
     // SAFETY: SIG_DFL with an empty mask is well formed.
@@ -187,6 +251,43 @@ pub fn process_alive(pid: i32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Different bodies, so the optimiser cannot fold them into one address.
+    static LAST: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+    extern "C" fn first(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+        LAST.store(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    extern "C" fn second(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+        LAST.store(2, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn current(sig: i32) -> usize {
+        // SAFETY: read-only query into valid storage.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(sig, std::ptr::null(), &mut sa);
+            sa.sa_sigaction
+        }
+    }
+
+    #[test]
+    fn an_earlier_handler_does_not_unhook_a_later_one() {
+        // A signal nothing else in the test binary uses.
+        let sig = rt_signal(7).unwrap();
+        let original = swap_handler(sig, first).unwrap();
+        let first_action = swap_handler(sig, second).unwrap();
+        // `first` leaves while `second` (installed over it) is current: nothing changes.
+        // SAFETY: original is a valid sigaction.
+        assert!(!unsafe { restore_if_current(sig, first as *const () as usize, &original) }.unwrap());
+        assert_eq!(current(sig), second as *const () as usize);
+        // `second` leaves: `first`'s action comes back.
+        // SAFETY: first_action is a valid sigaction.
+        assert!(unsafe { restore_if_current(sig, second as *const () as usize, &first_action) }.unwrap());
+        assert_eq!(current(sig), first as *const () as usize);
+        set_action(sig, &original).unwrap();
+        // Neither ran (the signal was never sent); reading LAST also keeps their stores alive.
+        assert_eq!(LAST.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
 
     #[test]
     fn queued_values_arrive_in_order_and_none_is_lost() {

@@ -189,32 +189,10 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         }
     }
     // Not a tracked page: somebody else's SIGBUS (another userfaultfd user such as DLM, or a
-    // real bus error). Hand it to the handler we replaced: call it directly if it is a
-    // function, otherwise reinstall its default/ignore disposition and return, so the access
-    // repeats and meets it as if we had never been installed.
-    let prev = PREV_BUS.load(Ordering::Acquire);
+    // real bus error): the handler we replaced gets it.
     // SAFETY: PREV_BUS points at the sigaction saved by `with_delivery` (never freed while the
-    // handler can run); sigaction(2) is async-signal-safe; calling the previous handler with
-    // the arguments the kernel gave us is what it expects.
-    unsafe {
-        if prev.is_null() {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = libc::SIG_DFL;
-            libc::sigaction(sig, &sa, std::ptr::null_mut());
-            return;
-        }
-        let p = &*prev;
-        if p.sa_sigaction == libc::SIG_DFL || p.sa_sigaction == libc::SIG_IGN {
-            libc::sigaction(sig, p, std::ptr::null_mut());
-        } else if p.sa_flags & libc::SA_SIGINFO != 0 {
-            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                std::mem::transmute(p.sa_sigaction);
-            f(sig, info, ctx);
-        } else {
-            let f: extern "C" fn(libc::c_int) = std::mem::transmute(p.sa_sigaction);
-            f(sig);
-        }
-    }
+    // handler can run); we are in the SIGBUS handler with the kernel's arguments.
+    unsafe { pagewise_kernel::signal::forward_to_previous(PREV_BUS.load(Ordering::Acquire), sig, info, ctx) }
 }
 
 /// The SIGBUS action our handler replaced (leaked on purpose: a handler may still read it).
@@ -463,13 +441,14 @@ impl Drop for MinorTracker {
             for r in self.ranges() {
                 retire_slot(r.start);
             }
-            let prev = PREV_BUS.load(Ordering::Acquire);
-            if prev.is_null() {
-                let _ = pagewise_kernel::signal::reset_handler(libc::SIGBUS);
-            } else {
-                // SAFETY: prev is the valid sigaction saved at install.
-                let _ = pagewise_kernel::signal::set_action(libc::SIGBUS, unsafe { &*prev });
-            }
+            // SAFETY: PREV_BUS is null or the valid sigaction saved at install.
+            let _ = unsafe {
+                pagewise_kernel::signal::restore_if_current(
+                    libc::SIGBUS,
+                    on_sigbus as *const () as usize,
+                    PREV_BUS.load(Ordering::Acquire),
+                )
+            };
             SIGBUS_FD.store(-1, Ordering::Release);
             SIGBUS_OWNED.store(false, Ordering::Release);
         }
