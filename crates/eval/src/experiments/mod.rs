@@ -15,11 +15,11 @@ pub mod thp_baseline;
 pub fn all() -> Vec<&'static dyn Experiment> {
     vec![
         &thp_baseline::ThpBaseline,
+        &hps_micro::HpsMicro,
+        &hps_tracker_cost::HpsTrackerCost,
         &dlm_fault::DlmFault,
         &dlm_pagesize::DlmPagesize,
         &reclaim_percore::ReclaimPercore,
         &reclaim_split::ReclaimSplit,
-        &hps_micro::HpsMicro,
-        &hps_tracker_cost::HpsTrackerCost,
     ]
 }
