@@ -1,6 +1,7 @@
 # Pagewise: `make eval` runs every experiment in quick mode; `make test` runs the whole suite.
 # Both install what a fresh machine of this kind lacks first.
 
+SHELL := /bin/bash
 CARGO ?= cargo
 PAGEWISE := target/release/pagewise
 EVAL_FLAGS ?= --quick
@@ -25,8 +26,10 @@ build: deps
 eval: build
 	$(PAGEWISE) eval all $(EVAL_FLAGS)
 
+# The closing line sums every test binary's result ("N passed, N failed, N skipped").
 test: build
-	$(CARGO) test --release --workspace
+	@set -o pipefail; $(CARGO) test --release --workspace 2>&1 | tee target/test.log
+	@awk '/^test result:/ { p += $$4; f += $$6; s += $$8 } END { printf "%d passed, %d failed, %d skipped\n", p, f, s }' target/test.log
 
 fmt:
 	$(CARGO) fmt --all
