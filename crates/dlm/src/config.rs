@@ -55,8 +55,9 @@ pub struct Config {
     /// Most units requested ahead of a sequential stream of faults (0: no read-ahead).
     pub readahead: usize,
     /// userfaultfd modes: back areas with a memfd and receive replies straight into its page
-    /// cache, mapped with UFFDIO_CONTINUE (no second copy); false: anonymous memory filled
-    /// with UFFDIO_COPY from a buffer. Ignored (off) when the kernel lacks shmem userfaultfd.
+    /// cache, mapped with UFFDIO_CONTINUE (no second copy); false (default): anonymous memory
+    /// filled with UFFDIO_COPY from a buffer. Ignored (off) when the kernel lacks shmem
+    /// userfaultfd. Faster only for small units on a client with a core to spare (runtime.rs).
     pub zero_copy: bool,
 }
 
@@ -70,7 +71,7 @@ impl Default for Config {
             set_count: 8,
             fault_mode: FaultMode::Auto,
             readahead: 32,
-            zero_copy: true,
+            zero_copy: false,
         }
     }
 }
