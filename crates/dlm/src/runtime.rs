@@ -59,8 +59,8 @@
 //! Units partly resident (after a set-count change) and never-written units take UFFDIO_COPY
 //! into the same memfd. Eviction punches the unit out of the memfd (MADV_REMOVE through the
 //! alias) after write-back, which unmaps it from both views. Measured in the same runs
-//! (`dlm-fault`): zero-copy is 3–9% faster at 4–16 KiB cross-core, but slower at 64 KiB and
-//! up, on a shared core (the population can no longer overlap the server's work) and when
+//! (`dlm-fault`, three runs): zero-copy is 2–9% faster at 16 KiB cross-core, but mostly slower
+//! at 64 KiB and up, on a shared core (the population can no longer overlap the server's work) and when
 //! streaming (shmem allocation and hole punching cost more than anonymous pages, and
 //! read-ahead puts them on the fault path): it stays an option, not the default. Dirty
 //! tracking is the same in both: pages are mapped write-protected and a first write faults.
