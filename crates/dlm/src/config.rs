@@ -58,6 +58,8 @@ pub struct Config {
     /// cache, mapped with UFFDIO_CONTINUE (no second copy); false (default): anonymous memory
     /// filled with UFFDIO_COPY from a buffer. Ignored (off) when the kernel lacks shmem
     /// userfaultfd. Faster only for small units on a client with a core to spare (runtime.rs).
+    /// Zero-copy areas are shared mappings: a child made by fork(2) shares them with its
+    /// parent instead of getting a copy.
     pub zero_copy: bool,
 }
 
