@@ -18,6 +18,7 @@ fn main() {
         set_count: (unit / 4096) as u32,
         fault_mode: mode,
         readahead: 0,
+        zero_copy: std::env::var("PAGEWISE_DLM_ZERO_COPY").is_ok_and(|v| v == "1"),
     };
     let dlm = Dlm::init(cfg).expect("init");
     let base = dlm.alloc(n * unit).expect("alloc");

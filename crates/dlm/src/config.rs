@@ -54,6 +54,13 @@ pub struct Config {
     pub fault_mode: FaultMode,
     /// Most units requested ahead of a sequential stream of faults (0: no read-ahead).
     pub readahead: usize,
+    /// userfaultfd modes: back areas with a memfd and receive replies straight into its page
+    /// cache, mapped with UFFDIO_CONTINUE (no second copy); false (default): anonymous memory
+    /// filled with UFFDIO_COPY from a buffer. Ignored (off) when the kernel lacks shmem
+    /// userfaultfd. Faster only for small units on a client with a core to spare (runtime.rs).
+    /// Zero-copy areas are shared mappings: a child made by fork(2) shares them with its
+    /// parent instead of getting a copy.
+    pub zero_copy: bool,
 }
 
 impl Default for Config {
@@ -66,6 +73,7 @@ impl Default for Config {
             set_count: 8,
             fault_mode: FaultMode::Auto,
             readahead: 32,
+            zero_copy: false,
         }
     }
 }
@@ -90,7 +98,7 @@ pub fn parse_size(s: &str) -> Result<usize, DlmError> {
 impl Config {
     /// Read `PAGEWISE_DLM_SERVERS` (required), `PAGEWISE_DLM_LOCAL_MEM`, `PAGEWISE_DLM_PAGE_SIZE`,
     /// `PAGEWISE_DLM_MAX_SET`, `PAGEWISE_DLM_SET_COUNT`, `PAGEWISE_DLM_FAULT_MODE`,
-    /// `PAGEWISE_DLM_READAHEAD` through `get`.
+    /// `PAGEWISE_DLM_READAHEAD`, `PAGEWISE_DLM_ZERO_COPY` (0/1) through `get`.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, DlmError> {
         let mut c = Config::default();
         let servers =
@@ -117,6 +125,9 @@ impl Config {
         }
         if let Some(v) = get("PAGEWISE_DLM_READAHEAD") {
             c.readahead = num("PAGEWISE_DLM_READAHEAD", v)? as usize;
+        }
+        if let Some(v) = get("PAGEWISE_DLM_ZERO_COPY") {
+            c.zero_copy = num("PAGEWISE_DLM_ZERO_COPY", v)? != 0;
         }
         c.validate()?;
         Ok(c)

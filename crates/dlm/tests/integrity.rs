@@ -37,7 +37,7 @@ fn fill(base: usize, chunk: usize, version: u64) {
 }
 
 /// The scenario, run inside a child process.
-fn scenario(mode: FaultMode) {
+fn scenario(mode: FaultMode, zero_copy: bool) {
     let servers: Vec<String> = std::env::var("DLM_TEST_SERVERS").unwrap().split(',').map(String::from).collect();
     let area: usize = std::env::var("DLM_TEST_AREA").unwrap().parse().unwrap();
     let local: usize = area / 16;
@@ -49,9 +49,22 @@ fn scenario(mode: FaultMode) {
         set_count: 8,
         fault_mode: mode,
         readahead: 16,
+        zero_copy,
     };
     let dlm = Arc::new(Dlm::init(cfg).expect("init"));
     assert_eq!(dlm.mode(), mode);
+    let install = dlm.stats().install;
+    match (mode, zero_copy) {
+        (FaultMode::Sigsegv, _) => assert_eq!(install, "mprotect"),
+        (_, false) => assert_eq!(install, "copy"),
+        // Zero-copy falls back to copying only on kernels without shmem userfaultfd.
+        (_, true) => {
+            use pagewise_kernel::uffd::{api_info, feature};
+            let shmem = feature::MISSING_SHMEM | feature::MINOR_SHMEM | feature::WP_HUGETLBFS_SHMEM;
+            let expected = if api_info().is_ok_and(|i| i.features & shmem == shmem) { "continue" } else { "copy" };
+            assert_eq!(install, expected);
+        }
+    }
     let base = dlm.alloc(area).expect("alloc") as usize;
     let chunks = area / CHUNK;
     let threads = 4;
@@ -109,9 +122,9 @@ fn scenario(mode: FaultMode) {
     println!("SCENARIO-OK");
 }
 
-fn run(mode: FaultMode, name: &str) {
+fn run(mode: FaultMode, zero_copy: bool, name: &str) {
     if in_child() {
-        scenario(mode);
+        scenario(mode, zero_copy);
         return;
     }
     let servers: Vec<ServerProc> = (0..3).map(|_| ServerProc::start("1G")).collect();
@@ -131,15 +144,25 @@ fn run(mode: FaultMode, name: &str) {
 
 #[test]
 fn integrity_handler_thread() {
-    run(FaultMode::HandlerThread, "integrity_handler_thread");
+    run(FaultMode::HandlerThread, true, "integrity_handler_thread");
+}
+
+#[test]
+fn integrity_handler_thread_copy() {
+    run(FaultMode::HandlerThread, false, "integrity_handler_thread_copy");
 }
 
 #[test]
 fn integrity_sigbus() {
-    run(FaultMode::Sigbus, "integrity_sigbus");
+    run(FaultMode::Sigbus, true, "integrity_sigbus");
+}
+
+#[test]
+fn integrity_sigbus_copy() {
+    run(FaultMode::Sigbus, false, "integrity_sigbus_copy");
 }
 
 #[test]
 fn integrity_sigsegv_fallback() {
-    run(FaultMode::Sigsegv, "integrity_sigsegv_fallback");
+    run(FaultMode::Sigsegv, true, "integrity_sigsegv_fallback");
 }

@@ -24,9 +24,10 @@ fn pipe_read_into(dst: *mut u8, data: &[u8]) -> Result<usize, i32> {
     }
 }
 
-fn scenario(mode: FaultMode) {
+fn scenario(mode: FaultMode, zero_copy: bool) {
     let servers = vec![std::env::var("DLM_TEST_SERVERS").unwrap()];
-    let dlm = Dlm::init(Config { servers, local_mem: 1 << 20, fault_mode: mode, ..Config::default() }).unwrap();
+    let cfg = Config { servers, local_mem: 1 << 20, fault_mode: mode, zero_copy, ..Config::default() };
+    let dlm = Dlm::init(cfg).unwrap();
     let len = 8 << 20;
     let base = dlm.alloc(len).unwrap();
     let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
@@ -59,9 +60,9 @@ fn scenario(mode: FaultMode) {
     println!("KERNEL-ACCESS-OK");
 }
 
-fn run(mode: FaultMode, name: &str) {
+fn run(mode: FaultMode, zero_copy: bool, name: &str) {
     if in_child() {
-        scenario(mode);
+        scenario(mode, zero_copy);
         return;
     }
     let s = ServerProc::start("256M");
@@ -72,10 +73,20 @@ fn run(mode: FaultMode, name: &str) {
 
 #[test]
 fn handler_thread_serves_faults_taken_in_system_calls() {
-    run(FaultMode::HandlerThread, "handler_thread_serves_faults_taken_in_system_calls");
+    run(FaultMode::HandlerThread, false, "handler_thread_serves_faults_taken_in_system_calls");
+}
+
+#[test]
+fn handler_thread_serves_faults_taken_in_system_calls_zero_copy() {
+    run(FaultMode::HandlerThread, true, "handler_thread_serves_faults_taken_in_system_calls_zero_copy");
 }
 
 #[test]
 fn sigbus_mode_gives_efault_to_system_calls_on_missing_pages() {
-    run(FaultMode::Sigbus, "sigbus_mode_gives_efault_to_system_calls_on_missing_pages");
+    run(FaultMode::Sigbus, false, "sigbus_mode_gives_efault_to_system_calls_on_missing_pages");
+}
+
+#[test]
+fn sigbus_mode_gives_efault_to_system_calls_on_missing_pages_zero_copy() {
+    run(FaultMode::Sigbus, true, "sigbus_mode_gives_efault_to_system_calls_on_missing_pages_zero_copy");
 }

@@ -383,6 +383,18 @@ impl Uffd {
         check(unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_CONTINUE as _, &mut c) }, "ioctl(UFFDIO_CONTINUE)")
     }
 
+    /// Like [`Uffd::continue_range`], optionally mapping the pages write-protected
+    /// (UFFDIO_CONTINUE_MODE_WP, Linux 6.4; the range must be registered for MINOR and WP).
+    pub fn continue_wp(&self, addr: usize, len: usize, write_protect: bool, wake: bool) -> Result<()> {
+        let mut c = UffdioContinue {
+            range: UffdioRange { start: addr as u64, len: len as u64 },
+            mode: (!wake as u64) | ((write_protect as u64) << 1),
+            mapped: 0,
+        };
+        // SAFETY: valid uffdio_continue.
+        check(unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_CONTINUE as _, &mut c) }, "ioctl(UFFDIO_CONTINUE)")
+    }
+
     /// Set (`protect`) or clear write protection on a registered range.
     pub fn write_protect(&self, addr: usize, len: usize, protect: bool, wake: bool) -> Result<()> {
         let mut w = UffdioWriteprotect {
@@ -504,6 +516,40 @@ mod tests {
         let v = unsafe { std::ptr::read_volatile((base + 5 * 4096 + 10) as *const u8) };
         assert_eq!(v, 0xAB);
         assert_eq!(handler.join().unwrap(), 5 * 4096);
+    }
+
+    #[test]
+    fn minor_fault_continued_write_protected() {
+        let Some(uffd) = uffd_or_skip(feature::MINOR_SHMEM | feature::WP_HUGETLBFS_SHMEM | feature::PAGEFAULT_FLAG_WP)
+        else {
+            return;
+        };
+        let len = 4 * 4096;
+        let fd = crate::mem::memfd_create("continue-wp-test", None).unwrap();
+        crate::mem::ftruncate(&fd, len as u64).unwrap();
+        let shared = MapOptions { shared: true, ..Default::default() };
+        let view = Mapping::of_fd(&fd, len, 0, &shared).unwrap();
+        let alias = Mapping::of_fd(&fd, len, 0, &shared).unwrap();
+        let mode = RegisterMode { missing: true, write_protect: true, minor: true };
+        uffd.register(view.addr(), len, mode).unwrap();
+        // Fill the page cache through the unregistered alias, then map it in the view, protected.
+        // SAFETY: the alias is ours and read-write.
+        unsafe { std::ptr::write_bytes((alias.addr() + 4096) as *mut u8, 0x5A, 4096) };
+        uffd.continue_wp(view.addr() + 4096, 4096, true, true).unwrap();
+        // SAFETY: mapped above: no fault.
+        assert_eq!(unsafe { std::ptr::read_volatile((view.addr() + 4096 + 7) as *const u8) }, 0x5A);
+        let target = view.addr() + 4096 + 9;
+        let writer = std::thread::spawn(move || {
+            // SAFETY: the view is ours; the write waits for the WP fault to be resolved.
+            unsafe { std::ptr::write_volatile(target as *mut u8, 0x11) };
+        });
+        let Some(Event::Pagefault { addr, wp, .. }) = uffd.read_event().unwrap() else { panic!("not a fault") };
+        assert!(wp, "a write to a page continued with MODE_WP is a WP fault");
+        assert_eq!(addr & !4095, view.addr() + 4096);
+        uffd.write_protect(view.addr() + 4096, 4096, false, true).unwrap();
+        writer.join().unwrap();
+        // SAFETY: the alias maps the same page.
+        assert_eq!(unsafe { std::ptr::read_volatile((alias.addr() + 4096 + 9) as *const u8) }, 0x11);
     }
 
     #[test]

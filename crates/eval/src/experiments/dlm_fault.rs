@@ -8,7 +8,9 @@
 //! messages a fault needs, without the fault). Then sequential streaming through an area 4×
 //! the local limit with 128 KiB units and read-ahead, next to pipelined TCP streaming from the
 //! same server, and local memcpy. Placement: client and server on different cores, and on the
-//! same core (wake-up latency dominates small round trips on this VM).
+//! same core (wake-up latency dominates small round trips on this VM). The SIGBUS mode runs
+//! twice in the same interleaved order: with the default UFFDIO_COPY install and with
+//! `Config::zero_copy` (reply received into a memfd's page cache, mapped with UFFDIO_CONTINUE).
 
 use std::collections::BTreeSet;
 use std::time::Instant;
@@ -32,16 +34,18 @@ const KIB: usize = 1024;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Way {
     PingPong,
-    Mode(FaultMode),
+    /// A fault mode; the flag is `Config::zero_copy`.
+    Mode(FaultMode, bool),
 }
 
 impl Way {
     fn label(self) -> &'static str {
         match self {
             Way::PingPong => "TCP request/reply",
-            Way::Mode(FaultMode::HandlerThread) => "fault, handler thread",
-            Way::Mode(FaultMode::Sigbus) => "fault, SIGBUS",
-            Way::Mode(_) => "fault, other",
+            Way::Mode(FaultMode::HandlerThread, _) => "fault, handler thread",
+            Way::Mode(FaultMode::Sigbus, false) => "fault, SIGBUS",
+            Way::Mode(FaultMode::Sigbus, true) => "fault, SIGBUS, zero-copy",
+            Way::Mode(..) => "fault, other",
         }
     }
 }
@@ -102,7 +106,17 @@ impl Raw {
     }
 }
 
-fn dlm_config(server: &str, mode: FaultMode, base: usize, max_set: u32, set: u32, local: usize, ra: usize) -> Config {
+#[allow(clippy::too_many_arguments)]
+fn dlm_config(
+    server: &str,
+    mode: FaultMode,
+    zero_copy: bool,
+    base: usize,
+    max_set: u32,
+    set: u32,
+    local: usize,
+    ra: usize,
+) -> Config {
     Config {
         servers: vec![server.to_string()],
         local_mem: local,
@@ -111,6 +125,7 @@ fn dlm_config(server: &str, mode: FaultMode, base: usize, max_set: u32, set: u32
         set_count: set,
         fault_mode: mode,
         readahead: ra,
+        zero_copy,
     }
 }
 
@@ -127,6 +142,7 @@ fn populate(dlm: &Dlm, base: *mut u8, bytes: usize) {
 fn fault_latency(
     server: &str,
     mode: FaultMode,
+    zero_copy: bool,
     size: usize,
     n: usize,
     seed: u64,
@@ -134,7 +150,7 @@ fn fault_latency(
     let units = n.max(8);
     let bytes = units * size;
     let set = (size / (4 * KIB)) as u32;
-    let dlm = Dlm::init(dlm_config(server, mode, 4 * KIB, 256, set, bytes + (2 << 20), 0))?;
+    let dlm = Dlm::init(dlm_config(server, mode, zero_copy, 4 * KIB, 256, set, bytes + (2 << 20), 0))?;
     let base = dlm.alloc(bytes)?;
     populate(&dlm, base, bytes);
     let mut order: Vec<usize> = (0..units).collect();
@@ -186,9 +202,14 @@ fn pingpong(server: &str, size: usize, n: usize, seed: u64) -> anyhow::Result<La
 }
 
 /// GB/s of touching one word per 4 KiB through an area 4× the local limit.
-fn stream_dlm(server: &str, mode: FaultMode, bytes: usize) -> anyhow::Result<(f64, pagewise_dlm::Stats)> {
+fn stream_dlm(
+    server: &str,
+    mode: FaultMode,
+    zero_copy: bool,
+    bytes: usize,
+) -> anyhow::Result<(f64, pagewise_dlm::Stats)> {
     let local = bytes / 4;
-    let dlm = Dlm::init(dlm_config(server, mode, 16 * KIB, 8, 8, local, 32))?;
+    let dlm = Dlm::init(dlm_config(server, mode, zero_copy, 16 * KIB, 8, 8, local, 32))?;
     let base = dlm.alloc(bytes)?;
     populate(&dlm, base, bytes);
     let t = Instant::now();
@@ -264,8 +285,13 @@ impl Experiment for DlmFault {
             placements.push(Placement { name: "cross-core", client: cpus[0], server: cpus[1] });
         }
         placements.push(Placement { name: "same-core", client: cpus[0], server: cpus[0] });
-        let ways = [Way::PingPong, Way::Mode(FaultMode::HandlerThread), Way::Mode(FaultMode::Sigbus)];
-        let stream_modes = [FaultMode::HandlerThread, FaultMode::Sigbus];
+        let ways = [
+            Way::PingPong,
+            Way::Mode(FaultMode::HandlerThread, false),
+            Way::Mode(FaultMode::Sigbus, false),
+            Way::Mode(FaultMode::Sigbus, true),
+        ];
+        let stream_modes = [(FaultMode::HandlerThread, false), (FaultMode::Sigbus, false), (FaultMode::Sigbus, true)];
         ctx.start_progress(
             (placements.len() * (sizes.len() * ways.len() * reps + reps * (stream_modes.len() + 1))) as u64,
             "faults",
@@ -278,12 +304,15 @@ impl Experiment for DlmFault {
             "TCP req/reply p50 µs",
             "thread p50 / p99 µs",
             "SIGBUS p50 / p99 µs",
+            "SIGBUS zero-copy p50 / p99 µs",
             "best fault / TCP",
+            "first write thread / SIGBUS µs",
         ]);
         let mut stream_table = Table::new([
             "placement",
             "DLM thread GB/s",
             "DLM SIGBUS GB/s",
+            "DLM SIGBUS zero-copy GB/s",
             "TCP stream GB/s",
             "memcpy GB/s",
             "best DLM / TCP",
@@ -302,7 +331,7 @@ impl Experiment for DlmFault {
                     let n = n_faults.min((64 << 20) / size);
                     let res = interleave(ctx, &ways, reps, |&w, rep| match w {
                         Way::PingPong => Ok((pingpong(&addr, size, n, rep as u64)?, Latency::new())),
-                        Way::Mode(m) => fault_latency(&addr, m, size, n, rep as u64),
+                        Way::Mode(m, zc) => fault_latency(&addr, m, zc, size, n, rep as u64),
                     })?;
                     let merge = |pick: fn(&(Latency, Latency)) -> &Latency| -> Vec<Latency> {
                         res.iter()
@@ -323,6 +352,7 @@ impl Experiment for DlmFault {
                         format!("{:.1}", s[0].p50_us),
                         format!("{:.1} / {:.1}", s[1].p50_us, s[1].p99_us),
                         format!("{:.1} / {:.1}", s[2].p50_us, s[2].p99_us),
+                        format!("{:.1} / {:.1}", s[3].p50_us, s[3].p99_us),
                         format!("{:.2}", ratio(best, s[0].p50_us)),
                         format!("{:.1} / {:.1}", wp[1].p50_us, wp[2].p50_us),
                     ]);
@@ -335,15 +365,18 @@ impl Experiment for DlmFault {
                         report.figure(&format!("fault_thread_{k}k_us"), s[1].p50_us);
                         report.figure(&format!("fault_sigbus_{k}k_us"), s[2].p50_us);
                         report.figure(&format!("fault_sigbus_{k}k_p99_us"), s[2].p99_us);
+                        report.figure(&format!("fault_sigbus_zero_copy_{k}k_us"), s[3].p50_us);
                         report.figure(&format!("first_write_sigbus_{k}k_us"), wp[2].p50_us);
                         if size == 16 * KIB {
                             report.figure("fault_vs_pingpong_16k", ratio(s[2].p50_us, s[0].p50_us));
                             report.figure("fault_thread_vs_pingpong_16k", ratio(s[1].p50_us, s[0].p50_us));
                             report.figure("sigbus_vs_thread_16k", ratio(s[2].p50_us, s[1].p50_us));
+                            report.figure("zero_copy_vs_copy_16k", ratio(s[3].p50_us, s[2].p50_us));
+                            report.figure("fault_zero_copy_vs_pingpong_16k", ratio(s[3].p50_us, s[0].p50_us));
                         }
                     }
                     data.push(
-                        json!({"placement": pl.name, "size": size, "pingpong": s[0], "thread": s[1], "sigbus": s[2]}),
+                        json!({"placement": pl.name, "size": size, "pingpong": s[0], "thread": s[1], "sigbus": s[2], "sigbus_zero_copy": s[3]}),
                     );
                 }
                 if pl.name == placements[0].name {
@@ -356,8 +389,8 @@ impl Experiment for DlmFault {
                 let mut tcp = Vec::new();
                 let mut stream_stats = Vec::new();
                 for _ in 0..reps {
-                    for (i, &m) in stream_modes.iter().enumerate() {
-                        let (g, st) = stream_dlm(&addr, m, stream_bytes)?;
+                    for (i, &(m, zc)) in stream_modes.iter().enumerate() {
+                        let (g, st) = stream_dlm(&addr, m, zc, stream_bytes)?;
                         dlm_gbps[i].push(g);
                         stream_stats.push(st);
                         ctx.tick();
@@ -367,6 +400,7 @@ impl Experiment for DlmFault {
                 }
                 let thread = Summary::of(&dlm_gbps[0]);
                 let sigbus = Summary::of(&dlm_gbps[1]);
+                let sigbus_zc = Summary::of(&dlm_gbps[2]);
                 let tcp = Summary::of(&tcp);
                 let mc = memcpy_gbps(stream_bytes.min(256 << 20));
                 let best = thread.median.max(sigbus.median);
@@ -374,6 +408,7 @@ impl Experiment for DlmFault {
                     pl.name.to_string(),
                     format!("{:.2}", thread.median),
                     format!("{:.2}", sigbus.median),
+                    format!("{:.2}", sigbus_zc.median),
                     format!("{:.2}", tcp.median),
                     format!("{mc:.2}"),
                     format!("{:.2}", ratio(best, tcp.median)),
@@ -383,12 +418,14 @@ impl Experiment for DlmFault {
                     report.figure("stream_thread_vs_tcp_ratio", ratio(thread.median, tcp.median));
                     report.figure("stream_sigbus_gbps", sigbus.median);
                     report.figure("stream_thread_gbps", thread.median);
+                    report.figure("stream_sigbus_zero_copy_gbps", sigbus_zc.median);
+                    report.figure("stream_zero_copy_vs_tcp_ratio", ratio(sigbus_zc.median, tcp.median));
                     report.figure("tcp_stream_gbps", tcp.median);
                     report.figure("memcpy_gbps", mc);
                     report.figure("placement", format!("client cpu {}, server cpu {}", pl.client, pl.server));
                 }
                 data.push(json!({"placement": pl.name, "client_cpu": pl.client, "server_cpu": pl.server,
-                    "stream_thread_gbps": dlm_gbps[0], "stream_sigbus_gbps": dlm_gbps[1], "tcp_gbps": tcp, "memcpy_gbps": mc,
+                    "stream_thread_gbps": dlm_gbps[0], "stream_sigbus_gbps": dlm_gbps[1], "stream_sigbus_zero_copy_gbps": dlm_gbps[2], "tcp_gbps": tcp, "memcpy_gbps": mc,
                     "stream_stats": stream_stats}));
                 let stats = server.stop()?;
                 data.push(json!({"placement": pl.name, "server_stats": stats.trim()}));
@@ -409,7 +446,9 @@ impl Experiment for DlmFault {
              placement (cross-core when 2+ CPUs). 'first write' = a store to a unit that is resident and \
              still write-protected: the cost of synchronous userfaultfd write-protect dirty tracking, once \
              per unit between evictions. TCP request/reply = a 32-byte READ request and a page-sized \
-             reply between this process and the same server process, no fault involved. The machine's 2 cores \
+             reply between this process and the same server process, no fault involved. 'zero-copy' = \
+             Config::zero_copy (memfd area, reply received into its page cache, UFFDIO_CONTINUE), \
+             measured in the same run as the default UFFDIO_COPY path. The machine's 2 cores \
              are shared with other work: expect noise.",
         );
         Ok(report)

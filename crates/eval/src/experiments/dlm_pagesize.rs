@@ -182,6 +182,7 @@ fn run_cell(
         max_set: 1,
         set_count: 1,
         readahead: 0,
+        zero_copy: false,
         ..Config::default()
     };
     let dlm = Dlm::init(cfg)?;
