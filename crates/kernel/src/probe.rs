@@ -195,19 +195,7 @@ pub fn probe() -> Capabilities {
     f.push(("damon_vaddr", vaddr));
     f.push(("damon_paddr", paddr));
     f.push(("pagemap_scan", probe_pagemap_scan()));
-    f.push((
-        "soft_dirty",
-        if Path::new("/proc/self/clear_refs").exists() {
-            feature(
-                Status::Present,
-                serde_json::Value::Null,
-                "/proc/PID/clear_refs accepts 4 (soft-dirty)",
-                &["hps tracker (writes)"],
-            )
-        } else {
-            feature(Status::Absent, serde_json::Value::Null, "no clear_refs", &["hps tracker (writes)"])
-        },
-    ));
+    f.push(("soft_dirty", probe_soft_dirty()));
     f.push((
         "kpageflags",
         match std::fs::File::open("/proc/kpageflags") {
@@ -482,6 +470,31 @@ fn probe_damon() -> (Feature, Feature) {
         }
     };
     (one("vaddr"), one("paddr"))
+}
+
+/// Soft-dirty bits (CONFIG_MEM_SOFT_DIRTY). /proc/PID/clear_refs accepts "4" whether or not
+/// the kernel tracks soft-dirty, so look at the bit itself: a freshly written page of a kernel
+/// with soft-dirty has pagemap bit 55 set.
+fn probe_soft_dirty() -> Feature {
+    let used_by: &'static [&'static str] = &["hps tracker (writes, any process)"];
+    let m = match Mapping::anonymous(4096, &MapOptions::default()) {
+        Ok(m) => m,
+        Err(e) => return feature(Status::Unusable, serde_json::Value::Null, e.to_string(), used_by),
+    };
+    // SAFETY: the probe's own fresh mapping.
+    unsafe { crate::mem::touch_pages(m.addr(), m.len()) };
+    match crate::procfs::Pagemap::open(crate::procfs::Pid::SelfProcess).and_then(|p| p.read_raw(m.addr(), 1)) {
+        Ok(e) if e[0] & crate::procfs::PAGEMAP_SOFT_DIRTY != 0 => {
+            feature(Status::Present, serde_json::Value::Null, "written pages show the soft-dirty bit", used_by)
+        }
+        Ok(_) => feature(
+            Status::Absent,
+            serde_json::Value::Null,
+            "a written page has no soft-dirty bit (CONFIG_MEM_SOFT_DIRTY off); PAGEMAP_SCAN covers writes",
+            used_by,
+        ),
+        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), used_by),
+    }
 }
 
 fn probe_pagemap_scan() -> Feature {
