@@ -14,6 +14,11 @@ use crate::proto::{Header, HEADER_LEN};
 pub trait Transport: Send {
     /// Send one message: the header followed by `payload`.
     fn send(&mut self, header: &Header, payload: &[u8]) -> io::Result<()>;
+    /// Send several payload-less messages (READ requests) at once: one system call where the
+    /// transport allows, so a batch of read-ahead requests costs the peer one wake-up.
+    fn send_headers(&mut self, headers: &[Header]) -> io::Result<()> {
+        headers.iter().try_for_each(|h| self.send(h, &[]))
+    }
     /// Receive the next message's header (its payload must be taken with
     /// [`Transport::recv_payload`] or [`Transport::discard`] before the next header).
     fn recv_header(&mut self) -> io::Result<Header>;
@@ -43,7 +48,12 @@ pub struct TcpTransport {
     stream: TcpStream,
     peer: String,
     spin: Duration,
+    /// Encoded headers of a batch (allocated once: the fault path may run in a signal handler).
+    batch: Vec<u8>,
 }
+
+/// Headers [`TcpTransport::send_headers`] encodes per system call.
+const BATCH_HEADERS: usize = 64;
 
 /// Default busy-poll budget of [`TcpTransport`].
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
@@ -53,7 +63,12 @@ impl TcpTransport {
         let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
         let stream = TcpStream::connect(&addrs[..])?;
         stream.set_nodelay(true)?;
-        Ok(TcpTransport { stream, peer: addr.to_string(), spin: DEFAULT_SPIN })
+        Ok(TcpTransport {
+            stream,
+            peer: addr.to_string(),
+            spin: DEFAULT_SPIN,
+            batch: Vec::with_capacity(BATCH_HEADERS * HEADER_LEN),
+        })
     }
 
     /// Set the busy-poll budget (zero: always block).
@@ -106,6 +121,15 @@ pub fn write_two(w: &mut impl Write, head: &[u8], body: &[u8]) -> io::Result<()>
 impl Transport for TcpTransport {
     fn send(&mut self, header: &Header, payload: &[u8]) -> io::Result<()> {
         write_two(&mut self.stream, &header.encode(), payload)
+    }
+
+    fn send_headers(&mut self, headers: &[Header]) -> io::Result<()> {
+        for chunk in headers.chunks(BATCH_HEADERS) {
+            self.batch.clear();
+            chunk.iter().for_each(|h| self.batch.extend_from_slice(&h.encode()));
+            self.stream.write_all(&self.batch)?;
+        }
+        Ok(())
     }
 
     fn recv_header(&mut self) -> io::Result<Header> {
