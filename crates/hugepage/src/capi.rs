@@ -293,11 +293,12 @@ fn ensure_instance() -> Result<Arc<Hps>, i32> {
 /// Memory HPS tracks (`hps_arena_alloc`): 2 MiB aligned, `len` rounded up to 2 MiB, zeroed.
 #[no_mangle]
 pub extern "C" fn hps_arena_alloc(len: usize) -> *mut c_void {
-    let r = std::panic::catch_unwind(|| {
-        let h = ensure_instance()?;
-        h.alloc(len).map_err(|e| e.errno())
-    });
-    match r {
+    guarded_alloc(|| ensure_instance()?.alloc(len).map_err(|e| e.errno()))
+}
+
+/// Run an allocation for C: the pointer, or NULL with errno set (EIO when it panicked).
+fn guarded_alloc(f: impl FnOnce() -> Result<*mut u8, i32> + std::panic::UnwindSafe) -> *mut c_void {
+    match std::panic::catch_unwind(f) {
         Ok(Ok(p)) => p as *mut c_void,
         Ok(Err(e)) => {
             set_errno(e);
@@ -338,21 +339,7 @@ pub extern "C" fn hps_release(p: *mut c_void, len: usize) -> c_int {
 /// Hugepage-backed memory for hot objects, the compaction target (`hps_huge_alloc`).
 #[no_mangle]
 pub extern "C" fn hps_huge_alloc(len: usize) -> *mut c_void {
-    let r = std::panic::catch_unwind(|| {
-        let h = ensure_instance()?;
-        h.huge_alloc(len).map_err(|e| e.errno())
-    });
-    match r {
-        Ok(Ok(p)) => p as *mut c_void,
-        Ok(Err(e)) => {
-            set_errno(e);
-            std::ptr::null_mut()
-        }
-        Err(_) => {
-            set_errno(libc::EIO);
-            std::ptr::null_mut()
-        }
-    }
+    guarded_alloc(|| ensure_instance()?.huge_alloc(len).map_err(|e| e.errno()))
 }
 
 /// Counters (`hps_stats`).
