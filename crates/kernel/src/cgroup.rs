@@ -115,6 +115,25 @@ impl MemCgroup {
         Ok(MemCgroup { path, version })
     }
 
+    /// Create the child group `name` of this group, owned by `guard` (removed before this
+    /// group, its tasks moved up here). Memory cgroups are hierarchical: a child's charges
+    /// count against every ancestor's limit too.
+    pub fn create_child(&self, guard: &SettingsGuard, name: &str) -> Result<Self> {
+        if name.is_empty() || name.contains('/') || name.contains("..") {
+            return Err(Error::Invalid(format!("bad cgroup name {name:?}")));
+        }
+        let path = self.path.join(name);
+        if !path.exists() {
+            std::fs::create_dir(&path).map_err(|source| Error::Write {
+                path: path.clone(),
+                value: "mkdir".into(),
+                source,
+            })?;
+        }
+        guard.record_created_dir(path.clone(), Some(self.file("cgroup.procs")));
+        Ok(MemCgroup { path, version: self.version })
+    }
+
     /// An existing group at `path`.
     pub fn open(path: impl Into<PathBuf>) -> Result<Self> {
         let path = path.into();
@@ -500,6 +519,8 @@ mod tests {
             path = g.path().to_path_buf();
             g.set_limit(Some(64 << 20)).unwrap();
             assert_eq!(g.limit().unwrap(), Some(64 << 20));
+            let child = g.create_child(&guard, "child").unwrap();
+            assert!(child.path().starts_with(g.path()) && child.usage().is_ok());
             let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
             g.add_process(child.id()).unwrap();
             assert_eq!(g.processes().unwrap(), vec![child.id()]);

@@ -3,6 +3,7 @@
 //! ```toml
 //! scope = "cgroup"                               # or "system"
 //! cgroup = "/sys/fs/cgroup/memory/pagewise-app"  # the group to keep below its limit
+//! # reclaim_cgroup = ".../pagewise-app/batch"    # optional: reclaim only from this child
 //! interval_ms = 20                               # timer wake-up; PSI wakes the workers earlier
 //! batch_kb = 4096                                # most reclaimed per step
 //!
@@ -112,6 +113,11 @@ pub struct RawConfig {
     #[serde(default = "default_scope")]
     pub scope: ScopeKind,
     pub cgroup: Option<PathBuf>,
+    /// Reclaim from this group (a descendant of `cgroup`, e.g. the batch work's) instead of
+    /// `cgroup` itself. On cgroup v1 reclaim lowers the limit of the group it reclaims from,
+    /// so any task charging to that group meanwhile reclaims itself; reclaiming from the
+    /// pressure's own child keeps the protected sibling's charges away from the lowered limit.
+    pub reclaim_cgroup: Option<PathBuf>,
     #[serde(default = "default_interval")]
     pub interval_ms: u64,
     #[serde(default = "default_batch")]
@@ -256,6 +262,14 @@ impl Config {
         if raw.scope == ScopeKind::Cgroup && raw.cgroup.is_none() {
             return Err(err("cgroup", "scope = \"cgroup\" needs cgroup = \"/sys/fs/cgroup/memory/GROUP\""));
         }
+        if let (Some(watch), Some(from)) = (&raw.cgroup, &raw.reclaim_cgroup) {
+            if !from.starts_with(watch) || from == watch {
+                return Err(err("reclaim_cgroup", "must be a group below `cgroup`"));
+            }
+        }
+        if raw.reclaim_cgroup.is_some() && raw.scope != ScopeKind::Cgroup {
+            return Err(err("reclaim_cgroup", "only applies to scope = \"cgroup\""));
+        }
         if raw.interval_ms == 0 || raw.interval_ms > 10_000 {
             return Err(err("interval_ms", format!("{} is outside 1..=10000", raw.interval_ms)));
         }
@@ -364,6 +378,10 @@ pages_high_ratio = 4000
         assert!(e.contains("roles.reclaim"), "{e}");
         let e = error_of("bogus = 1\n[roles]\nreclaim = \"0\"\n");
         assert!(e.contains("bogus"), "{e}");
+        let e = error_of(
+            "scope = \"cgroup\"\ncgroup = \"/sys/fs/cgroup/memory/a\"\nreclaim_cgroup = \"/sys/fs/cgroup/memory/b\"\n[roles]\nreclaim = \"0\"\n",
+        );
+        assert!(e.contains("reclaim_cgroup") && e.contains("below"), "{e}");
         let e = error_of("scope = \"cgroup\"\n[roles]\nreclaim = \"0\"\n");
         assert!(e.contains("`cgroup`"), "{e}");
         let e = error_of("[roles]\nreclaim = \"0-x\"\n");

@@ -81,8 +81,12 @@ pub struct DaemonReport {
 }
 
 enum Scope {
-    Cgroup(MemCgroup),
-    System { cache_paths: Vec<PathBuf>, drop_caches: bool },
+    /// Keep this group's headroom; reclaim from the second group when one is configured.
+    Cgroup(MemCgroup, Option<MemCgroup>),
+    System {
+        cache_paths: Vec<PathBuf>,
+        drop_caches: bool,
+    },
 }
 
 struct Shared {
@@ -133,7 +137,8 @@ impl Daemon {
                         path.display()
                     )));
                 }
-                Scope::Cgroup(cg)
+                let from = cfg.raw.reclaim_cgroup.as_ref().map(MemCgroup::open).transpose()?;
+                Scope::Cgroup(cg, from)
             }
             ScopeKind::System => {
                 Scope::System { cache_paths: cfg.raw.cache_paths.clone(), drop_caches: cfg.raw.drop_caches_last_resort }
@@ -328,7 +333,7 @@ fn worker(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared) -> Worker
             core.pages_high_ratio = core.pages_high_ratio.max(core.pages_low_ratio);
         }
         let step = match scope {
-            Scope::Cgroup(cg) => cgroup_step(cg, core.watermarks(PAGE_SHIFT), batch_pages, &mut hyst, shared),
+            Scope::Cgroup(cg, _) => cgroup_step(cg, core.watermarks(PAGE_SHIFT), batch_pages, &mut hyst, shared),
             Scope::System { .. } => system_step(&core, batch_pages, &mut hyst, &mut raised_warned, shared),
         };
         let (free, need, limit) = match step {
@@ -342,9 +347,14 @@ fn worker(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared) -> Worker
         if need > 0 {
             let t = Instant::now();
             let got = match scope {
-                Scope::Cgroup(cg) => {
+                Scope::Cgroup(cg, from) => {
                     let _l = shared.mech.lock().unwrap_or_else(|e| e.into_inner());
-                    cg.reclaim_in_caller_within(&shared.guard, need * PAGE, limit, Some(pass))
+                    match from {
+                        Some(from) => from
+                            .limit()
+                            .and_then(|own| from.reclaim_in_caller_within(&shared.guard, need * PAGE, own, Some(pass))),
+                        None => cg.reclaim_in_caller_within(&shared.guard, need * PAGE, limit, Some(pass)),
+                    }
                 }
                 Scope::System { cache_paths, drop_caches } => system_reclaim(need * PAGE, cache_paths, *drop_caches),
             };
@@ -357,7 +367,7 @@ fn worker(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared) -> Worker
                 Err(e) => rep.errors.push(e.to_string()),
             }
         }
-        if let (Some(split), Scope::Cgroup(cg)) = (&cfg.split, scope) {
+        if let (Some(split), Scope::Cgroup(cg, _)) = (&cfg.split, scope) {
             match slab_step(cg, split, limit, pass, shared) {
                 Ok(Some(b)) => {
                     rep.slab_passes += 1;

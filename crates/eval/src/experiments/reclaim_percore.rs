@@ -2,11 +2,13 @@
 //! file-I/O job with a memory fill on core 0 drives their shared memory cgroup into reclaim.
 //!
 //! The protected task (pinned to core 1, mlockall'ed, SCHED_FIFO) maps and touches 512 pages every 10 ms.
-//! It shares the group with the pressure, so without help every charge that finds the group
-//! full reclaims in the protected task's own context, on core 1. With reclaimd, a worker
-//! pinned to core 0 keeps the group's headroom between its low and high thresholds by
-//! reclaiming in its own context (cgroup v1 limit lowering here), so the reclaim happens on
-//! core 0. Configurations: no pressure (baseline for latency), kernel default, reclaimd.
+//! It shares the group's limit with the pressure (each runs in its own child of the limited
+//! group), so without help every charge that finds the group full reclaims in the protected
+//! task's own context, on core 1. With reclaimd, a worker pinned to core 0 keeps the group's
+//! headroom between its low and high thresholds by reclaiming in its own context (cgroup v1
+//! limit lowering here), so the reclaim happens on core 0. It lowers only the pressure
+//! child's limit: a lowered limit makes every task charging to that group reclaim itself, and
+//! the protected task's child never sees one. Configurations: no pressure (baseline for latency), kernel default, reclaimd.
 //! Per-core figures come from the vmscan trace events (kswapd wake-ups by allocating CPU,
 //! pages scanned and reclaimed, direct and memcg reclaim events).
 
@@ -64,15 +66,16 @@ struct Sizes {
     seconds: f64,
 }
 
-fn daemon_config(cg: &std::path::Path) -> anyhow::Result<Config> {
+fn daemon_config(cg: &std::path::Path, reclaim_from: &std::path::Path) -> anyhow::Result<Config> {
     // Core 0 reclaims early (low 32 MiB of headroom, high 48 MiB); core 1's thresholds are the
     // paper's "never reclaim here" values, kept for the record (no worker runs on core 1).
     let text = format!(
-        "scope = \"cgroup\"\ncgroup = \"{}\"\ninterval_ms = 5\nbatch_kb = 16384\nworker_rt_priority = 10\ntree = false\n\
+        "scope = \"cgroup\"\ncgroup = \"{}\"\nreclaim_cgroup = \"{}\"\ninterval_ms = 5\nbatch_kb = 16384\nworker_rt_priority = 10\ntree = false\n\
          [roles]\nprotect = \"{PROTECTED}\"\nreclaim = \"{RECLAIM}\"\n\
          [cores.\"{RECLAIM}\"]\nmin_free_kbytes = 16384\npages_low_ratio = 200\npages_high_ratio = 300\n\
          [cores.\"{PROTECTED}\"]\nmin_free_kbytes = 256\npages_low_ratio = 3300\npages_high_ratio = 4000\n",
-        cg.display()
+        cg.display(),
+        reclaim_from.display()
     );
     Ok(Config::parse(&text, &pagewise_kernel::cpu::online_cpus()?, 67584)?)
 }
@@ -82,12 +85,15 @@ fn run_once(setup: Setup, sz: &Sizes, file: &std::path::Path, rep: usize) -> any
     let guard = Arc::new(SettingsGuard::new());
     let cg = MemCgroup::create(&guard, &format!("eval-percore-{}-{rep}", std::process::id()))?;
     cg.set_limit(Some(sz.limit_mb << 20))?;
+    let (pressure_cg, protected_cg) = (cg.create_child(&guard, "pressure")?, cg.create_child(&guard, "protected")?);
     let collector = Collector::start(&guard)?;
     let daemon = match setup {
-        Setup::Reclaimd => Some(Daemon::start(&daemon_config(cg.path())?, guard.clone(), Options::default())?),
+        Setup::Reclaimd => {
+            Some(Daemon::start(&daemon_config(cg.path(), pressure_cg.path())?, guard.clone(), Options::default())?)
+        }
         _ => None,
     };
-    let path = cg.path().display().to_string();
+    let path = pressure_cg.path().display().to_string();
     let pressure = match setup {
         Setup::NoPressure => None,
         _ => Some(spawn(
@@ -98,7 +104,7 @@ fn run_once(setup: Setup, sz: &Sizes, file: &std::path::Path, rep: usize) -> any
                 ("file", file.display().to_string()),
                 ("fill-mb", sz.fill_mb.to_string()),
                 ("seconds", sz.seconds.to_string()),
-                ("cgroup", path.clone()),
+                ("cgroup", path),
             ],
         )?),
     };
@@ -111,7 +117,7 @@ fn run_once(setup: Setup, sz: &Sizes, file: &std::path::Path, rep: usize) -> any
             ("period-ms", "10".into()),
             ("fifo", "20".into()),
             ("seconds", sz.seconds.to_string()),
-            ("cgroup", path),
+            ("cgroup", protected_cg.path().display().to_string()),
         ],
     )?;
     let q = finish(protect)?;
