@@ -64,53 +64,44 @@ fn spawn_child(action: &str) -> std::process::Child {
     child
 }
 
-fn assert_changed_then_restored(before: &(String, u64), child: &mut std::process::Child, kill: impl FnOnce(u32)) {
+/// Serialise the tests that change system settings, and take the settings' values before;
+/// `None` in the child process itself or where settings cannot be changed.
+fn setup() -> Option<(std::sync::MutexGuard<'static, ()>, (String, u64))> {
+    if std::env::var("PAGEWISE_GUARD_CHILD").is_ok() || !can_change_settings() {
+        return None;
+    }
+    let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    Some((serial, snapshot()))
+}
+
+/// Start a child that changes the settings and sleeps, check the change, then kill it with `sig`.
+fn change_then_kill(before: &(String, u64), sig: i32) {
+    let mut child = spawn_child("sleep");
     assert_ne!(&snapshot(), before, "the child really changed the settings");
-    kill(child.id());
-    let status = child.wait().unwrap();
-    assert!(!status.success());
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, sig) };
+    assert!(!child.wait().unwrap().success());
 }
 
 #[test]
 fn restored_after_a_panic_in_a_child() {
-    if std::env::var("PAGEWISE_GUARD_CHILD").is_ok() || !can_change_settings() {
-        return;
-    }
-    let _serial = SERIAL.lock().unwrap();
-    let before = snapshot();
-    let mut child = spawn_child("panic");
-    let status = child.wait().unwrap();
+    let Some((_serial, before)) = setup() else { return };
+    let status = spawn_child("panic").wait().unwrap();
     assert!(!status.success(), "the child panicked");
     assert_eq!(snapshot(), before);
 }
 
 #[test]
 fn restored_after_sigterm() {
-    if std::env::var("PAGEWISE_GUARD_CHILD").is_ok() || !can_change_settings() {
-        return;
-    }
-    let _serial = SERIAL.lock().unwrap();
-    let before = snapshot();
-    let mut child = spawn_child("sleep");
-    assert_changed_then_restored(&before, &mut child, |pid| {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    });
+    let Some((_serial, before)) = setup() else { return };
+    change_then_kill(&before, libc::SIGTERM);
     assert_eq!(snapshot(), before);
 }
 
 #[test]
 fn restored_after_sigkill_by_the_next_guard() {
-    if std::env::var("PAGEWISE_GUARD_CHILD").is_ok() || !can_change_settings() {
-        return;
-    }
-    let _serial = SERIAL.lock().unwrap();
-    let before = snapshot();
-    let mut child = spawn_child("sleep");
-    assert_changed_then_restored(&before, &mut child, |pid| {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-    });
+    let Some((_serial, before)) = setup() else { return };
+    change_then_kill(&before, libc::SIGKILL);
     assert_ne!(snapshot(), before, "SIGKILL leaves the change in place");
     let _next = SettingsGuard::new_without_signal_handler();
     assert_eq!(snapshot(), before, "the next guard replayed the dead child's journal");
