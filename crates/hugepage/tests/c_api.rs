@@ -22,33 +22,9 @@ fn c_program_uses_the_hps_api() {
     assert!(st.success(), "building libpagewise.a failed");
     let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| root.join("target"));
     let lib = target.join("release/libpagewise.a");
-    let out = std::env::temp_dir().join(format!("pw-hps-c-test-{}", std::process::id()));
-    let cc = Command::new("cc")
-        .args(["-std=c11", "-D_GNU_SOURCE", "-Wall", "-Werror", "-O1", "-I"])
-        .arg(root.join("include"))
-        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c/hps_test.c"))
-        .arg(&lib)
-        .args(["-lpthread", "-ldl", "-lm", "-lgcc_s", "-o"])
-        .arg(&out)
-        .output()
-        .expect("running cc");
-    assert!(cc.status.success(), "cc failed:\n{}", String::from_utf8_lossy(&cc.stderr));
-    let run = Command::new(&out).output().expect("running the C test");
-    let _ = std::fs::remove_file(&out);
+    let run = build_and_run(&root, &lib, &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c/hps_test.c"), "test");
     // The README's example builds and runs too.
-    let ex = std::env::temp_dir().join(format!("pw-hps-c-example-{}", std::process::id()));
-    let cc = Command::new("cc")
-        .args(["-O2", "-Wall", "-Werror", "-I"])
-        .arg(root.join("include"))
-        .arg(root.join("examples/c/hps_example.c"))
-        .arg(&lib)
-        .args(["-lpthread", "-ldl", "-lm", "-lgcc_s", "-o"])
-        .arg(&ex)
-        .output()
-        .expect("running cc");
-    assert!(cc.status.success(), "cc failed on the example:\n{}", String::from_utf8_lossy(&cc.stderr));
-    let ex_run = Command::new(&ex).output().expect("running the example");
-    let _ = std::fs::remove_file(&ex);
+    let ex_run = build_and_run(&root, &lib, &root.join("examples/c/hps_example.c"), "example");
     assert!(ex_run.status.success() && String::from_utf8_lossy(&ex_run.stdout).contains("promoted "));
     let stdout = String::from_utf8_lossy(&run.stdout);
     assert!(
@@ -56,4 +32,27 @@ fn c_program_uses_the_hps_api() {
         "C test failed: {stdout}\n{}",
         String::from_utf8_lossy(&run.stderr)
     );
+}
+
+/// Compile `src` with cc against include/ and `lib`, run it, remove the binary.
+fn build_and_run(
+    root: &std::path::Path,
+    lib: &std::path::Path,
+    src: &std::path::Path,
+    what: &str,
+) -> std::process::Output {
+    let out = std::env::temp_dir().join(format!("pw-hps-c-{what}-{}", std::process::id()));
+    let cc = Command::new("cc")
+        .args(["-std=c11", "-D_GNU_SOURCE", "-Wall", "-Werror", "-O1", "-I"])
+        .arg(root.join("include"))
+        .arg(src)
+        .arg(lib)
+        .args(["-lpthread", "-ldl", "-lm", "-lgcc_s", "-o"])
+        .arg(&out)
+        .output()
+        .expect("running cc");
+    assert!(cc.status.success(), "cc failed on the {what}:\n{}", String::from_utf8_lossy(&cc.stderr));
+    let run = Command::new(&out).output().unwrap_or_else(|e| panic!("running the C {what}: {e}"));
+    let _ = std::fs::remove_file(&out);
+    run
 }
