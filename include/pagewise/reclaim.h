@@ -19,12 +19,14 @@ struct pw_reclaim_watermarks {
 };
 
 /* One core's watermarks: min = min_free_kbytes / 4, low/high = floor(min * ratio / 100).
- * -EINVAL: out is NULL, a ratio is below 100, or high_ratio < low_ratio. */
+ * -EINVAL: out is NULL, a ratio is below 100 or above 100000, high_ratio < low_ratio, or
+ * min_free_kbytes is above INT_MAX (the kernel sysctl's type). -EIO: internal error. */
 int pw_reclaim_watermarks(uint64_t min_free_kbytes, uint32_t low_ratio, uint32_t high_ratio,
                           struct pw_reclaim_watermarks *out);
 
 /* Set a core's thresholds in the running reclaimd (/run/pagewise/percpu_free_mem/cpuN).
- * -ESRCH: no reclaimd runs; -EINVAL: bad ratios or unknown core. */
+ * -ESRCH: no reclaimd runs; -EINVAL: bad ratios, unknown core, or a sum of the cores'
+ * min_free_kbytes above INT_MAX. */
 int pw_reclaim_set_core(uint32_t cpu, uint64_t min_free_kbytes, uint32_t low_ratio,
                         uint32_t high_ratio);
 

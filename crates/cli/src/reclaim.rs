@@ -187,7 +187,7 @@ fn set(a: SetArgs) -> anyhow::Result<ExitCode> {
         let mut raw: RawConfig = cfg.raw.clone();
         let mut table = cfg.table.clone();
         if let Some(kb) = a.global {
-            table.set_global(kb);
+            table.set_global(kb)?;
             raw.global_min_free_kbytes = Some(kb);
         } else {
             let cpus = parse_cpulist(a.cpu.as_deref().expect("checked"))?;
@@ -211,15 +211,17 @@ fn set(a: SetArgs) -> anyhow::Result<ExitCode> {
         table.set_core(c, t)?;
     }
     if let Some(kb) = a.global {
+        table.set_global(kb)?;
         tree::write_global(dir, kb)?;
-        table.set_global(kb);
     } else if let Some(list) = &a.cpu {
         let cpus = parse_cpulist(list)?;
         for &c in &cpus {
             let base = table.get(c).with_context(|| format!("cpu{c} is not in {TREE_DIR}"))?;
             let t = thresholds_from(&a, base);
             table.set_core(c, t)?;
-            tree::write_core(dir, c, &t)?;
+        }
+        for &c in &cpus {
+            tree::write_core(dir, c, &table.get(c).expect("set above"))?;
         }
     }
     if a.apply_global {
@@ -258,7 +260,7 @@ fn show(a: ShowArgs) -> anyhow::Result<ExitCode> {
             t.set_core(c, th)?;
         }
         if cores.values().all(|c| *c == CoreThresholds::with_defaults(global)) {
-            t.set_global(global);
+            t.set_global(global)?;
         }
         (format!("{TREE_DIR} (reclaimd pid {pid})"), t, None)
     } else {

@@ -25,7 +25,11 @@ use std::time::Duration;
 use pagewise_kernel::cpu::{format_cpulist, parse_cpulist};
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{CoreThresholds, PerCoreTable, DEFAULT_HIGH_RATIO, DEFAULT_LOW_RATIO};
+use crate::policy::{CoreThresholds, PerCoreTable, DEFAULT_HIGH_RATIO, DEFAULT_LOW_RATIO, MAX_MIN_FREE_KBYTES};
+
+/// The largest size in KiB any `*_kb` key takes (1 PiB): every byte count derived from one
+/// (× 1024) stays far inside u64.
+pub const MAX_KB: u64 = 1 << 40;
 
 /// A configuration the daemon refuses, naming the key.
 #[derive(Debug, thiserror::Error)]
@@ -118,6 +122,12 @@ pub struct RawConfig {
     /// so any task charging to that group meanwhile reclaims itself; reclaiming from the
     /// pressure's own child keeps the protected sibling's charges away from the lowered limit.
     pub reclaim_cgroup: Option<PathBuf>,
+    /// With `reclaim_cgroup`: memory of `cgroup` the reclaim group may never charge. The
+    /// daemon gives the reclaim group a standing limit of `cgroup`'s limit minus this, so a
+    /// pressure that outruns the worker meets its own group's limit (and reclaims on its own
+    /// core) before `cgroup` is full: the protected siblings' charges never find it full.
+    /// Default: the first reclaim core's pages_low (min_free_kbytes × pages_low_ratio / 100).
+    pub protected_reserve_kb: Option<u64>,
     #[serde(default = "default_interval")]
     pub interval_ms: u64,
     #[serde(default = "default_batch")]
@@ -236,6 +246,19 @@ impl Config {
         if let Some(c) = protect.intersection(&reclaim).next() {
             return Err(err("roles", format!("cpu {c} is in both protect and reclaim")));
         }
+        if let Some(kb) = raw.global_min_free_kbytes.filter(|&kb| kb > MAX_MIN_FREE_KBYTES) {
+            return Err(err("global_min_free_kbytes", format!("{kb} is above the maximum {MAX_MIN_FREE_KBYTES}")));
+        }
+        let kb_keys = [
+            ("batch_kb", Some(raw.batch_kb)),
+            ("protected_reserve_kb", raw.protected_reserve_kb),
+            ("split.pstart_kb", raw.split.as_ref().and_then(|s| s.pstart_kb)),
+            ("split.sstart_kb", raw.split.as_ref().and_then(|s| s.sstart_kb)),
+            ("split.slab_batch_kb", raw.split.as_ref().map(|s| s.slab_batch_kb)),
+        ];
+        if let Some((key, kb)) = kb_keys.iter().find_map(|(k, v)| v.filter(|&kb| kb > MAX_KB).map(|kb| (k, kb))) {
+            return Err(err(*key, format!("{kb} is above the maximum {MAX_KB}")));
+        }
         let mut table = PerCoreTable::uniform(online, raw.global_min_free_kbytes.unwrap_or(kernel_min_free_kbytes));
         let mut claimed: BTreeMap<usize, String> = BTreeMap::new();
         for (list, core) in &raw.cores {
@@ -252,7 +275,8 @@ impl Config {
             };
             t.validate().map_err(|e| {
                 let sub = match e {
-                    crate::policy::PolicyError::RatioBelow100 { key, .. } => format!(".{key}"),
+                    crate::policy::PolicyError::RatioBelow100 { key, .. }
+                    | crate::policy::PolicyError::TooLarge { key, .. } => format!(".{key}"),
                     _ => ".pages_high_ratio".into(),
                 };
                 err(format!("{key}{sub}"), e.to_string())
@@ -266,6 +290,9 @@ impl Config {
             if !from.starts_with(watch) || from == watch {
                 return Err(err("reclaim_cgroup", "must be a group below `cgroup`"));
             }
+        }
+        if raw.protected_reserve_kb.is_some() && raw.reclaim_cgroup.is_none() {
+            return Err(err("protected_reserve_kb", "only applies with reclaim_cgroup"));
         }
         if raw.reclaim_cgroup.is_some() && raw.scope != ScopeKind::Cgroup {
             return Err(err("reclaim_cgroup", "only applies to scope = \"cgroup\""));
@@ -388,5 +415,20 @@ pages_high_ratio = 4000
         assert!(e.contains("roles.reclaim"), "{e}");
         let e = error_of("[roles]\nreclaim = \"0\"\n[split]\nsstart_percent = 0\n");
         assert!(e.contains("split.sstart_percent"), "{e}");
+        let e = error_of("[roles]\nreclaim = \"0\"\n[cores.\"1\"]\nmin_free_kbytes = 18446744073709551615\n");
+        assert!(e.contains("cores.\"1\".min_free_kbytes") && e.contains("maximum"), "{e}");
+        let e =
+            error_of("[roles]\nreclaim = \"0\"\n[cores.\"1\"]\nmin_free_kbytes = 1\npages_high_ratio = 4000000000\n");
+        assert!(e.contains("cores.\"1\".pages_high_ratio") && e.contains("maximum"), "{e}");
+        let e = error_of("global_min_free_kbytes = 4294967296\n[roles]\nreclaim = \"0\"\n");
+        assert!(e.contains("global_min_free_kbytes"), "{e}");
+        let e = error_of("batch_kb = 18446744073709551615\n[roles]\nreclaim = \"0\"\n");
+        assert!(e.contains("batch_kb") && e.contains("maximum"), "{e}");
+        let e = error_of(
+            "[roles]\nreclaim = \"0\"\n[cores.\"0\"]\nmin_free_kbytes = 2147483647\n[cores.\"1\"]\nmin_free_kbytes = 2147483647\n",
+        );
+        assert!(e.contains("sum"), "{e}");
+        let e = error_of("protected_reserve_kb = 1024\n[roles]\nreclaim = \"0\"\n");
+        assert!(e.contains("protected_reserve_kb"), "{e}");
     }
 }

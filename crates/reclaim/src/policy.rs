@@ -24,6 +24,12 @@ pub const DEFAULT_LOW_RATIO: u32 = 125;
 pub const DEFAULT_HIGH_RATIO: u32 = 150;
 /// mm/vmscan.c SWAP_CLUSTER_MAX.
 pub const SWAP_CLUSTER_MAX: u64 = 32;
+/// The largest min_free_kbytes, for one core and for the sum of all cores: the kernel's
+/// sysctl is an `int` (mm/page_alloc.c, proc_dointvec_minmax), so no larger value can apply.
+pub const MAX_MIN_FREE_KBYTES: u64 = i32::MAX as u64;
+/// The largest pages_low/high ratio: watermarks 1000× pages_min. Bounding it keeps every
+/// product below in u64 (2^29 pages × 10^5 < 2^46).
+pub const MAX_RATIO: u32 = 100_000;
 
 /// A threshold the policy refuses.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -37,6 +43,9 @@ pub enum PolicyError {
     /// The core is not in the table (not online / not configured).
     #[error("cpu{cpu} is not a known core (known: {known})")]
     UnknownCore { cpu: usize, known: String },
+    /// A value above what the kernel or the arithmetic can hold.
+    #[error("{key} = {value} is above the maximum {max}")]
+    TooLarge { key: &'static str, value: u64, max: u64 },
     /// Unparsable per-core file text.
     #[error("bad per-core threshold text: {0}")]
     BadText(String),
@@ -64,8 +73,21 @@ impl CoreThresholds {
         CoreThresholds { min_free_kbytes, pages_low_ratio: DEFAULT_LOW_RATIO, pages_high_ratio: DEFAULT_HIGH_RATIO }
     }
 
-    /// Ratios at least 100 and high ≥ low.
+    /// Ratios at least 100 and at most [`MAX_RATIO`], high ≥ low, min_free_kbytes at most
+    /// [`MAX_MIN_FREE_KBYTES`].
     pub fn validate(&self) -> Result<(), PolicyError> {
+        if self.min_free_kbytes > MAX_MIN_FREE_KBYTES {
+            return Err(PolicyError::TooLarge {
+                key: "min_free_kbytes",
+                value: self.min_free_kbytes,
+                max: MAX_MIN_FREE_KBYTES,
+            });
+        }
+        for (key, value) in [("pages_low_ratio", self.pages_low_ratio), ("pages_high_ratio", self.pages_high_ratio)] {
+            if value > MAX_RATIO {
+                return Err(PolicyError::TooLarge { key, value: value.into(), max: MAX_RATIO.into() });
+            }
+        }
         if self.pages_low_ratio < 100 {
             return Err(PolicyError::RatioBelow100 { key: "pages_low_ratio", value: self.pages_low_ratio });
         }
@@ -83,13 +105,11 @@ impl CoreThresholds {
         self.min_free_kbytes >> (page_shift - 10)
     }
 
-    /// Watermarks for a zone minimum already in pages.
+    /// Watermarks for a zone minimum already in pages. Computed in u128 and saturated, so
+    /// even thresholds that [`CoreThresholds::validate`] refuses cannot overflow.
     pub fn scaled(&self, zone_min: u64) -> Watermarks {
-        Watermarks {
-            min: zone_min,
-            low: zone_min * u64::from(self.pages_low_ratio) / 100,
-            high: zone_min * u64::from(self.pages_high_ratio) / 100,
-        }
+        let times = |ratio: u32| (u128::from(zone_min) * u128::from(ratio) / 100).min(u128::from(u64::MAX)) as u64;
+        Watermarks { min: zone_min, low: times(self.pages_low_ratio), high: times(self.pages_high_ratio) }
     }
 
     /// Watermarks over one pool of pages (a memory cgroup's headroom): no zone split.
@@ -165,34 +185,46 @@ impl PerCoreTable {
     }
 
     /// Writing the global min_free_kbytes: every core gets it, with ratios 125/150.
-    pub fn set_global(&mut self, kb: u64) {
+    pub fn set_global(&mut self, kb: u64) -> Result<(), PolicyError> {
+        CoreThresholds::with_defaults(kb).validate()?;
         for t in self.cores.values_mut() {
             *t = CoreThresholds::with_defaults(kb);
         }
         self.global_min_free_kbytes = kb;
+        Ok(())
     }
 
     /// Writing one core: the global becomes the sum of all cores' mins, which is returned.
+    /// Refused (and nothing changed) when the sum would pass [`MAX_MIN_FREE_KBYTES`].
     pub fn set_core(&mut self, cpu: usize, t: CoreThresholds) -> Result<u64, PolicyError> {
-        t.validate()?;
-        let known = self.cpus_text();
-        let slot = self.cores.get_mut(&cpu).ok_or(PolicyError::UnknownCore { cpu, known })?;
-        *slot = t;
-        self.global_min_free_kbytes = self.sum_of_mins();
-        Ok(self.global_min_free_kbytes)
+        if !self.cores.contains_key(&cpu) {
+            return Err(PolicyError::UnknownCore { cpu, known: self.cpus_text() });
+        }
+        self.set_cores(&BTreeSet::from([cpu]), t)
     }
 
-    /// Set several cores at once (a cpulist); the global is the sum afterwards.
+    /// Set several cores at once (a cpulist); the global is the sum afterwards. Refused (and
+    /// nothing changed) when the sum would pass [`MAX_MIN_FREE_KBYTES`].
     pub fn set_cores(&mut self, cpus: &BTreeSet<usize>, t: CoreThresholds) -> Result<u64, PolicyError> {
         t.validate()?;
         if let Some(&cpu) = cpus.iter().find(|c| !self.cores.contains_key(c)) {
             return Err(PolicyError::UnknownCore { cpu, known: self.cpus_text() });
         }
+        let mut next = self.cores.clone();
         for c in cpus {
-            self.cores.insert(*c, t);
+            next.insert(*c, t);
         }
-        self.global_min_free_kbytes = self.sum_of_mins();
-        Ok(self.global_min_free_kbytes)
+        let sum = next.values().try_fold(0u64, |acc, c| acc.checked_add(c.min_free_kbytes)).unwrap_or(u64::MAX);
+        if sum > MAX_MIN_FREE_KBYTES {
+            return Err(PolicyError::TooLarge {
+                key: "sum of the cores' min_free_kbytes",
+                value: sum,
+                max: MAX_MIN_FREE_KBYTES,
+            });
+        }
+        self.cores = next;
+        self.global_min_free_kbytes = sum;
+        Ok(sum)
     }
 
     pub fn get(&self, cpu: usize) -> Option<CoreThresholds> {
@@ -207,8 +239,9 @@ impl PerCoreTable {
         self.global_min_free_kbytes
     }
 
+    /// The sum of the cores' mins (at most [`MAX_MIN_FREE_KBYTES`] by construction).
     pub fn sum_of_mins(&self) -> u64 {
-        self.cores.values().map(|t| t.min_free_kbytes).sum()
+        self.cores.values().map(|t| t.min_free_kbytes).fold(0, u64::saturating_add)
     }
 
     fn cpus_text(&self) -> String {
@@ -267,6 +300,80 @@ impl Hysteresis {
             0
         }
     }
+}
+
+/// The rate at which a group charges new pages, from a cumulative counter (v1 memory.stat
+/// `total_pgpgin`), smoothed so that it rises at once and decays over [`ChargeRate::DECAY_S`]:
+/// a burst must be met at once, a lull should not shrink the headroom between two bursts.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ChargeRate {
+    last_count: Option<u64>,
+    pages_per_s: f64,
+}
+
+impl ChargeRate {
+    /// Time constant of the decay, in seconds.
+    pub const DECAY_S: f64 = 1.0;
+
+    /// Feed the counter's value `count` observed `dt_s` seconds after the previous one;
+    /// returns the smoothed rate in pages per second.
+    pub fn observe(&mut self, count: u64, dt_s: f64) -> f64 {
+        if let Some(last) = self.last_count {
+            if dt_s > 0.0 {
+                let sample = count.saturating_sub(last) as f64 / dt_s;
+                let keep = (-dt_s / Self::DECAY_S).exp();
+                self.pages_per_s = sample.max(self.pages_per_s * keep + sample * (1.0 - keep));
+            }
+        }
+        self.last_count = Some(count);
+        self.pages_per_s
+    }
+
+    pub fn pages_per_s(&self) -> f64 {
+        self.pages_per_s
+    }
+}
+
+/// The worker's watermarks raised for the charge rate it has to outrun (the kernel's
+/// watermark_scale_factor and watermark boost do the same for kswapd): from the moment free
+/// memory crosses `low` until the worker's pass ends, `rate × reaction_s` more pages are
+/// charged, so `low` must cover that twice over (a safety factor of 2 for a rate that rises
+/// within one reaction time), and the hysteresis gap must cover it once so that one pass
+/// buys at least one reaction time. Both are capped at `cap` pages (a share of the limit
+/// left for the workload); the configured watermarks are the floor.
+pub fn rate_sized_watermarks(base: Watermarks, rate_pages_per_s: f64, reaction_s: f64, cap: u64) -> Watermarks {
+    let during = |factor: f64| {
+        let pages = rate_pages_per_s.max(0.0) * reaction_s.max(0.0) * factor;
+        if pages.is_finite() {
+            pages.ceil().min(cap as f64) as u64
+        } else {
+            cap
+        }
+    };
+    let low = base.low.max(during(2.0)).min(cap.max(base.low));
+    let gap = (base.high - base.low).max(during(1.0));
+    let high = low.saturating_add(gap).min(cap.max(base.high)).max(low);
+    Watermarks { min: base.min.min(low), low, high }
+}
+
+/// What a group's memory is made of, in pages, as far as reclaim is concerned.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct GroupMemory {
+    /// Charged in all.
+    pub usage: u64,
+    /// Page cache on the file LRUs and reclaimable slab: what reclaim can free.
+    pub reclaimable: u64,
+    /// Anonymous, shmem and unevictable memory: with no swap, reclaim cannot free any of it,
+    /// and a limit below it means an OOM kill.
+    pub unreclaimable: u64,
+}
+
+/// The largest reclaim step, at most `want` pages, that cannot hurt the group: no more than
+/// what is reclaimable, and never so much that the lowered limit (usage − step) falls below
+/// the unreclaimable memory plus `margin` pages. Zero means: do not lower the limit at all.
+pub fn safe_reclaim_pages(want: u64, m: GroupMemory, margin: u64) -> u64 {
+    let floor = m.unreclaimable.saturating_add(margin);
+    want.min(m.reclaimable).min(m.usage.saturating_sub(floor))
 }
 
 /// Split-reclaim thresholds (seed 004), all in pages of the scope being watched.
@@ -338,7 +445,7 @@ mod tests {
         assert_eq!(c0.watermarks(12), Watermarks { min: 3072, low: 7372, high: 12288 });
         assert_eq!(c1.watermarks(12), Watermarks { min: 64, low: 2112, high: 2560 });
         // Writing the global again resets every core to it with default ratios.
-        t.set_global(3831);
+        t.set_global(3831).unwrap();
         assert_eq!(t.get(1).unwrap(), CoreThresholds::with_defaults(3831));
         // 3831 KiB is 957 pages (floor), low 1196, high 1435.
         assert_eq!(t.get(0).unwrap().watermarks(12), Watermarks { min: 957, low: 1196, high: 1435 });
@@ -410,9 +517,97 @@ mod tests {
         assert_eq!(default_sstart(1 << 20), 1 << 19);
     }
 
+    #[test]
+    fn thresholds_above_the_kernel_int_are_refused() {
+        let mut t = PerCoreTable::uniform(&cpus(2), 1000);
+        assert!(matches!(t.set_global(MAX_MIN_FREE_KBYTES + 1), Err(PolicyError::TooLarge { .. })));
+        t.set_core(0, CoreThresholds::with_defaults(MAX_MIN_FREE_KBYTES - 1000)).unwrap();
+        let e = t.set_core(1, CoreThresholds::with_defaults(MAX_MIN_FREE_KBYTES)).unwrap_err();
+        assert!(e.to_string().contains("sum"), "{e}");
+        assert_eq!(t.get(1), Some(CoreThresholds::with_defaults(1000)), "a refused write changes nothing");
+        let e = CoreThresholds { min_free_kbytes: 1, pages_low_ratio: 200, pages_high_ratio: MAX_RATIO + 1 }.validate();
+        assert!(matches!(e, Err(PolicyError::TooLarge { key: "pages_high_ratio", .. })));
+    }
+
+    #[test]
+    fn charge_rate_rises_at_once_and_decays_slowly() {
+        let mut r = ChargeRate::default();
+        assert_eq!(r.observe(1000, 0.01), 0.0, "no rate from one sample");
+        assert_eq!(r.observe(2000, 0.01), 100_000.0);
+        let after_lull = r.observe(2000, 0.01);
+        assert!(after_lull > 95_000.0 && after_lull < 100_000.0, "{after_lull}");
+        assert_eq!(r.observe(10_000, 0.01), 800_000.0, "a burst is met at once");
+    }
+
+    #[test]
+    fn headroom_follows_rate_and_reaction() {
+        let base = Watermarks { min: 4096, low: 8192, high: 12288 };
+        // Idle: the configured watermarks.
+        assert_eq!(rate_sized_watermarks(base, 0.0, 0.005, 40_000), base);
+        // 1 GiB/s (262144 pages/s) and 10 ms to react: 2622 pages charged meanwhile; below low.
+        assert_eq!(rate_sized_watermarks(base, 262_144.0, 0.01, 40_000), base);
+        // 4 GiB/s and 10 ms: low 2 × 10486, gap 10486.
+        let w = rate_sized_watermarks(base, 1_048_576.0, 0.01, 40_000);
+        assert_eq!((w.low, w.high), (20_972, 31_458));
+        // Capped by the share of the limit.
+        let w = rate_sized_watermarks(base, 1e9, 1.0, 40_000);
+        assert_eq!((w.low, w.high), (40_000, 40_000));
+    }
+
+    #[test]
+    fn a_step_never_cuts_into_anonymous_memory() {
+        let m = GroupMemory { usage: 1000, reclaimable: 300, unreclaimable: 700 };
+        assert_eq!(safe_reclaim_pages(500, m, 0), 300);
+        assert_eq!(safe_reclaim_pages(500, m, 50), 250);
+        let anon_only = GroupMemory { usage: 1000, reclaimable: 0, unreclaimable: 1000 };
+        assert_eq!(safe_reclaim_pages(500, anon_only, 16), 0);
+    }
+
     proptest! {
         #[test]
-        fn setting_cores_makes_global_the_sum(mins in proptest::collection::vec(0u64..1 << 30, 1..64),
+        fn any_thresholds_are_refused_or_ordered(kb in any::<u64>(), low in any::<u32>(), high in any::<u32>(),
+                                                 managed in any::<u64>(), more in any::<u64>()) {
+            let c = CoreThresholds { min_free_kbytes: kb, pages_low_ratio: low, pages_high_ratio: high };
+            let ok = c.validate().is_ok();
+            prop_assert_eq!(ok, kb <= MAX_MIN_FREE_KBYTES && (100..=MAX_RATIO).contains(&low)
+                && (100..=MAX_RATIO).contains(&high) && low <= high);
+            // Never a panic, whatever the input; ordered when valid.
+            let w = c.zone_watermarks(12, managed, managed.saturating_add(more));
+            let whole = c.watermarks(12);
+            if ok {
+                prop_assert!(w.min <= w.low && w.low <= w.high);
+                prop_assert!(whole.min <= whole.low && whole.low <= whole.high);
+                prop_assert!(whole.high <= (MAX_MIN_FREE_KBYTES >> 2) * u64::from(MAX_RATIO) / 100);
+            }
+            let mut t = PerCoreTable::uniform(&cpus(3), 1000);
+            match t.set_cores(&BTreeSet::from([0, 1]), c) {
+                Ok(sum) => prop_assert!(ok && sum <= MAX_MIN_FREE_KBYTES && sum == t.sum_of_mins()),
+                Err(_) => prop_assert_eq!(t, PerCoreTable::uniform(&cpus(3), 1000)),
+            }
+        }
+
+        #[test]
+        fn rate_sized_watermarks_are_ordered_and_bounded(min in 0u64..1 << 20, dl in 0u64..1 << 20, dh in 0u64..1 << 20,
+                                                         rate in 0.0f64..1e9, reaction in 0.0f64..10.0, cap in 0u64..1 << 24) {
+            let base = Watermarks { min, low: min + dl, high: min + dl + dh };
+            let w = rate_sized_watermarks(base, rate, reaction, cap);
+            prop_assert!(w.min <= w.low && w.low <= w.high);
+            prop_assert!(w.low >= base.low && w.high >= base.high, "never below the configured watermarks");
+            prop_assert!(w.low <= cap.max(base.low) && w.high <= cap.max(base.high), "never above the cap");
+        }
+
+        #[test]
+        fn safe_steps_leave_the_unreclaimable_memory(want in any::<u64>(), usage in any::<u64>(), r in any::<u64>(),
+                                                     margin in 0u64..1 << 20) {
+            let reclaimable = r % (usage.saturating_add(1));
+            let m = GroupMemory { usage, reclaimable, unreclaimable: usage - reclaimable };
+            let n = safe_reclaim_pages(want, m, margin);
+            prop_assert!(n <= want && n <= reclaimable);
+            prop_assert!(n == 0 || usage - n >= m.unreclaimable + margin);
+        }
+
+        #[test]
+        fn setting_cores_makes_global_the_sum(mins in proptest::collection::vec(0u64..1 << 24, 1..64),
                                               low in 100u32..5000, extra in 0u32..5000) {
             let n = mins.len();
             let mut t = PerCoreTable::uniform(&cpus(n), 3831);
@@ -420,12 +615,12 @@ mod tests {
                 t.set_core(c, CoreThresholds { min_free_kbytes: m, pages_low_ratio: low, pages_high_ratio: low + extra }).unwrap();
             }
             prop_assert_eq!(t.global_min_free_kbytes(), mins.iter().sum::<u64>());
-            t.set_global(mins[0]);
+            t.set_global(mins[0]).unwrap();
             prop_assert!(t.cores().values().all(|c| *c == CoreThresholds::with_defaults(mins[0])));
         }
 
         #[test]
-        fn watermarks_are_ordered_and_text_round_trips(kb in 0u64..1 << 40, low in 100u32..100_000, extra in 0u32..100_000,
+        fn watermarks_are_ordered_and_text_round_trips(kb in 0u64..=MAX_MIN_FREE_KBYTES, low in 100u32..50_000, extra in 0u32..50_000,
                                                        managed in 1u64..1 << 24, more in 0u64..1 << 24) {
             let c = CoreThresholds { min_free_kbytes: kb, pages_low_ratio: low, pages_high_ratio: low + extra };
             let w = c.zone_watermarks(12, managed, managed + more);

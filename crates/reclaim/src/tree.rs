@@ -75,11 +75,13 @@ impl Tree {
         if let Ok(text) = std::fs::read_to_string(&global) {
             if self.last.get(&global) != Some(&text) {
                 match text.trim().parse::<u64>() {
-                    Ok(kb) => {
-                        table.set_global(kb);
-                        msgs.push(format!("min_free_kbytes = {kb}: every core set to it with ratios 125/150"));
-                        changed = true;
-                    }
+                    Ok(kb) => match table.set_global(kb) {
+                        Ok(()) => {
+                            msgs.push(format!("min_free_kbytes = {kb}: every core set to it with ratios 125/150"));
+                            changed = true;
+                        }
+                        Err(e) => msgs.push(format!("refused {}: {e}", global.display())),
+                    },
                     Err(_) => msgs.push(format!("refused {}: {:?} is not a number", global.display(), text.trim())),
                 }
                 self.last.remove(&global);
