@@ -153,7 +153,10 @@ pub fn run_daemon(args: DaemonArgs) -> anyhow::Result<ExitCode> {
         eprintln!("reclaimd: could not restore: {e}");
     }
     println!("{}", serde_json::to_string_pretty(&report)?);
-    Ok(if errors.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    if let Some(fatal) = &report.fatal {
+        eprintln!("reclaimd: stopped: {fatal}");
+    }
+    Ok(if errors.is_empty() && report.fatal.is_none() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {

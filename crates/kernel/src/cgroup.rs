@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -186,7 +186,60 @@ impl MemCgroup {
         }
     }
 
-    /// Throttle limit (v2 memory.high). v1 has no equivalent.
+    /// Set the hard limit through `guard`, which puts the old value back when it drops: for a
+    /// group Pagewise did not create (a workload's), whose limit is someone else's setting.
+    pub fn set_limit_guarded(&self, guard: &SettingsGuard, bytes: Option<u64>) -> Result<()> {
+        match self.version {
+            Version::V1 => {
+                guard.write(self.file("memory.limit_in_bytes"), &bytes.map_or("-1".to_string(), |b| b.to_string()))
+            }
+            Version::V2 => guard.write(self.file("memory.max"), &bytes.map_or("max".to_string(), |b| b.to_string())),
+        }
+    }
+
+    /// What the group's memory is made of (memory.stat, hierarchical), see [`Composition`].
+    pub fn composition(&self) -> Result<Composition> {
+        let usage = self.usage()?;
+        let stat = self.stat()?;
+        let kmem = match self.version {
+            Version::V1 => read_u64(self.file("memory.kmem.usage_in_bytes")).unwrap_or(0),
+            Version::V2 => 0,
+        };
+        Ok(Composition::from_stat(self.version, usage, &stat, kmem))
+    }
+
+    /// OOM kills in the group so far (v1 memory.oom_control `oom_kill`, v2 memory.events
+    /// `oom_kill`).
+    pub fn oom_kills(&self) -> Result<u64> {
+        let file = match self.version {
+            Version::V1 => "memory.oom_control",
+            Version::V2 => "memory.events",
+        };
+        Ok(parse_memory_stat(&read_file(self.file(file))?)?.get("oom_kill").copied().unwrap_or(0))
+    }
+
+    /// An eventfd that becomes readable when the group's usage crosses `bytes`, in either
+    /// direction (v1 cgroup.event_control on memory.usage_in_bytes; Documentation/admin-guide/
+    /// cgroup-v1/memory.rst §9). The kernel checks thresholds on charge events of the group
+    /// and its descendants, batched per CPU, so a crossing is seen within a few hundred KiB.
+    /// v2 has no such notification.
+    pub fn usage_threshold(&self, bytes: u64) -> Result<UsageThreshold> {
+        if self.version != Version::V1 {
+            return Err(Error::Invalid("usage thresholds need cgroup v1 (cgroup.event_control)".into()));
+        }
+        let usage_path = self.file("memory.usage_in_bytes");
+        let usage = File::open(&usage_path).map_err(|source| Error::Read { path: usage_path, source })?;
+        // SAFETY: eventfd takes no pointers.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(Error::last_os("eventfd"));
+        }
+        // SAFETY: fd was just returned by eventfd and is owned by nobody else.
+        let event = unsafe { OwnedFd::from_raw_fd(fd) };
+        write_file(self.file("cgroup.event_control"), &format!("{} {} {bytes}", event.as_raw_fd(), usage.as_raw_fd()))?;
+        Ok(UsageThreshold { event, _usage: usage, bytes })
+    }
+
     pub fn set_high(&self, bytes: Option<u64>) -> Result<()> {
         match self.version {
             Version::V1 => Err(Error::Invalid("memory.high needs cgroup v2".into())),
@@ -293,7 +346,11 @@ impl MemCgroup {
                         _ => break,
                     }
                 }
-                restored.map_err(|source| Error::Write { path: file.clone(), value: restore.clone(), source })?;
+                restored.map_err(|source| Error::LimitNotRestored {
+                    path: file.clone(),
+                    value: restore.clone(),
+                    source,
+                })?;
                 match lowered {
                     Ok(()) => {}
                     Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EINTR)) => {}
@@ -320,6 +377,88 @@ impl MemCgroup {
             Version::V1 => Err(Error::Invalid("per-cgroup PSI needs cgroup v2".into())),
             Version::V2 => PsiTrigger::open(self.file("memory.pressure"), trigger),
         }
+    }
+}
+
+/// A group's memory by kind, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Composition {
+    pub usage: u64,
+    /// Page cache on the file LRUs (inactive + active file): reclaimable.
+    pub file: u64,
+    /// The part of `file` mapped into processes (their code, mmap'd data): reclaimable, but
+    /// it faults straight back in.
+    pub file_mapped: u64,
+    /// Reclaimable slab. v2: `slab_reclaimable`. v1 has no split: all kernel memory charged
+    /// to the group (memory.kmem.usage_in_bytes), an upper bound.
+    pub slab_reclaimable: u64,
+    /// Anonymous memory (v1 `rss`), shmem and unevictable (mlocked) pages: with no swap,
+    /// nothing reclaim can free. Unevictable pages are also counted in the other two, so
+    /// this errs high.
+    pub unreclaimable: u64,
+    /// Pages charged so far, a cumulative counter (v1 `total_pgpgin`); v2 has none.
+    pub charged_pages: Option<u64>,
+}
+
+impl Composition {
+    /// From memory.stat (v1 keys `total_*`, which include descendants; v2 keys are
+    /// hierarchical already).
+    pub fn from_stat(version: Version, usage: u64, stat: &BTreeMap<String, u64>, kmem: u64) -> Self {
+        let prefix = if version == Version::V1 { "total_" } else { "" };
+        let get = |k: &str| stat.get(&format!("{prefix}{k}")).copied().unwrap_or(0);
+        let anon = if version == Version::V1 { get("rss") } else { get("anon") };
+        Composition {
+            usage,
+            file: get("inactive_file") + get("active_file"),
+            file_mapped: if version == Version::V1 { get("mapped_file") } else { get("file_mapped") },
+            slab_reclaimable: if version == Version::V1 { kmem } else { get("slab_reclaimable") },
+            unreclaimable: anon + get("shmem") + get("unevictable"),
+            charged_pages: (version == Version::V1).then(|| get("pgpgin")),
+        }
+    }
+}
+
+/// A registered usage threshold; unregistered when dropped (closing the eventfd).
+pub struct UsageThreshold {
+    event: OwnedFd,
+    _usage: File,
+    bytes: u64,
+}
+
+impl UsageThreshold {
+    /// The usage it watches for, in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Wait up to `timeout` for a crossing; true when one happened (the count is consumed).
+    pub fn wait(&self, timeout: Duration) -> Result<bool> {
+        let mut pfd = libc::pollfd { fd: self.event.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EINTR) {
+                return Ok(false);
+            }
+            return Err(Error::Syscall { call: "poll(memory threshold eventfd)", source: err });
+        }
+        if n == 0 {
+            return Ok(false);
+        }
+        let mut count = 0u64;
+        // SAFETY: reads 8 bytes into a u64 we own; the fd is non-blocking.
+        let r = unsafe { libc::read(self.event.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+        if r < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EAGAIN) {
+                return Ok(false);
+            }
+            return Err(Error::Syscall { call: "read(memory threshold eventfd)", source: err });
+        }
+        Ok(true)
     }
 }
 
@@ -493,6 +632,22 @@ mod tests {
     }
 
     #[test]
+    fn composition_from_fixtures() {
+        let v1 = parse_memory_stat(include_str!("../fixtures/memory.stat-v1-6.18-firecracker.txt")).unwrap();
+        let c = Composition::from_stat(Version::V1, 1 << 30, &v1, 4096);
+        assert_eq!(c.file, 686866432 + 258174976);
+        assert_eq!(c.file_mapped, v1["total_mapped_file"]);
+        assert_eq!(c.unreclaimable, 4739072 + 9068544 + 10428416);
+        assert_eq!((c.slab_reclaimable, c.charged_pages), (4096, Some(651179)));
+        let v2 = parse_memory_stat(include_str!("../fixtures/memory.stat-v2-6.1.txt")).unwrap();
+        let c = Composition::from_stat(Version::V2, 1 << 30, &v2, 0);
+        assert_eq!(c.file, 3981312000 + 1650688000);
+        assert_eq!(c.file_mapped, v2["file_mapped"]);
+        assert_eq!(c.unreclaimable, 1187840000 + 12288000);
+        assert_eq!((c.slab_reclaimable, c.charged_pages), (72151040, None));
+    }
+
+    #[test]
     fn limits() {
         assert_eq!(parse_limit("max").unwrap(), None);
         assert_eq!(parse_limit("9223372036854771712").unwrap(), None);
@@ -531,6 +686,10 @@ mod tests {
             std::fs::write(&file, vec![1u8; 16 << 20]).unwrap();
             std::fs::File::open(&file).unwrap().sync_all().unwrap();
             crate::pagecache::drop_file_cache(&file).unwrap();
+            let threshold = match g.version() {
+                Version::V1 => Some(g.usage_threshold(g.usage().unwrap() + (4 << 20)).unwrap()),
+                Version::V2 => None,
+            };
             let mut reader = std::process::Command::new("sh")
                 .arg("-c")
                 .arg(format!("sleep 0.3; cat {} > /dev/null", file.display()))
@@ -540,6 +699,11 @@ mod tests {
             assert!(reader.wait().unwrap().success());
             let usage = g.usage().unwrap();
             assert!(usage >= 8 << 20, "page cache charged: {usage}");
+            if let Some(t) = threshold {
+                assert!(t.wait(Duration::from_secs(2)).unwrap(), "the threshold crossing was notified");
+            }
+            let comp = g.composition().unwrap();
+            assert!(comp.file >= 8 << 20 && comp.usage > 0, "{comp:?}");
             let freed = g.reclaim_in_caller(&guard, 8 << 20, Some(64 << 20)).unwrap();
             assert!(freed >= 4 << 20, "freed {freed} of {usage}");
             assert_eq!(g.limit().unwrap(), Some(64 << 20), "limit restored");

@@ -32,6 +32,15 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// a memory cgroup's limit, lowered to reclaim, could not be put back: the group is left
+    /// with less memory than its owner gave it until the settings guard restores it.
+    #[error("the limit of {path} was lowered to reclaim and could not be restored to {value}: {source}")]
+    LimitNotRestored {
+        path: PathBuf,
+        value: String,
+        #[source]
+        source: io::Error,
+    },
     /// a kernel file had a shape this parser does not understand.
     #[error("cannot parse {what}: {detail}")]
     Parse { what: String, detail: String },
@@ -57,9 +66,10 @@ impl Error {
     /// The raw errno, when the failure came from the kernel.
     pub fn errno(&self) -> Option<i32> {
         match self {
-            Error::Syscall { source, .. } | Error::Read { source, .. } | Error::Write { source, .. } => {
-                source.raw_os_error()
-            }
+            Error::Syscall { source, .. }
+            | Error::Read { source, .. }
+            | Error::Write { source, .. }
+            | Error::LimitNotRestored { source, .. } => source.raw_os_error(),
             _ => None,
         }
     }

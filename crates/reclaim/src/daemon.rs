@@ -6,6 +6,22 @@
 //! - **cgroup scope**: headroom = limit − usage; v2 memory.reclaim, or on v1 (this VM) the
 //!   limit-lowering trick ([`MemCgroup::reclaim_in_caller`]): the memcg reclaim runs in the
 //!   writer, i.e. on the reclaim core, while the group's own tasks keep finding headroom.
+//!   On v1 the worker also wakes the moment usage crosses its low watermark (a usage
+//!   threshold eventfd), not only on its timer.
+//!   - *Headroom sized to the load*: a fixed headroom cannot hold against an unknown rate, so
+//!     the watermarks are raised to what the group charges (v1 `total_pgpgin` per second)
+//!     during the worker's reaction time (its wake-up plus its last passes), the way
+//!     watermark_scale_factor and watermark boost size kswapd's ([`rate_sized_watermarks`]).
+//!   - *Protected reserve*: with `reclaim_cgroup` the reclaim group gets a standing limit of
+//!     the watched group's limit minus `protected_reserve_kb`. A pressure faster than the
+//!     worker then meets its own limit, and reclaims on its own core, before the watched
+//!     group is full, so the protected siblings never reclaim: at any rate, not only at
+//!     rates the worker outruns.
+//!   - *Never hurt the workload*: a step never lowers a limit below the group's memory that
+//!     reclaim cannot free (anonymous, shmem, unevictable: with no swap, a limit below it is
+//!     an OOM kill) nor asks for more than its page cache and reclaimable slab
+//!     ([`safe_reclaim_pages`]). A limit that cannot be put back stops the daemon: the guard
+//!     restores it and reclaimd exits non-zero naming the group.
 //! - **system scope**: the lowest-free low-memory zone from /proc/zoneinfo against the core's
 //!   per-zone thresholds (kernel rounding), kept above the kernel's own high watermark so the
 //!   kernel's kswapd and direct reclaim never start first; reclaim by posix_fadvise(DONTNEED)
@@ -27,13 +43,16 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use pagewise_kernel::cgroup::{MemCgroup, PsiTrigger, PsiTriggerSpec};
+use pagewise_kernel::cgroup::{Composition, MemCgroup, PsiTrigger, PsiTriggerSpec, UsageThreshold, Version};
 use pagewise_kernel::procfs::{read_vm_sysctl, read_zoneinfo, set_vm_sysctl, Zone};
 use pagewise_kernel::{cpu, pagecache, SettingsGuard};
 use serde::Serialize;
 
 use crate::config::{Config, ScopeKind};
-use crate::policy::{kernel_watermarks, Hysteresis, PerCoreTable, Watermarks, ZoneShape};
+use crate::policy::{
+    kernel_watermarks, rate_sized_watermarks, safe_reclaim_pages, ChargeRate, GroupMemory, Hysteresis, PerCoreTable,
+    Watermarks, ZoneShape,
+};
 use crate::tree::Tree;
 
 const PAGE_SHIFT: u32 = 12;
@@ -70,6 +89,15 @@ pub struct WorkerReport {
     pub slab_reclaimed_bytes: u64,
     /// Lowest headroom (cgroup) or zone free (system) seen, in pages.
     pub min_free_pages: u64,
+    /// Wake-ups by the usage threshold (cgroup v1).
+    pub threshold_wakeups: u64,
+    /// Steps cut or refused because the group had too little reclaimable memory.
+    pub unsafe_steps_refused: u64,
+    /// The highest charge rate seen (MiB/s) and the largest low watermark it led to (MiB).
+    pub max_charge_mib_per_s: f64,
+    pub max_low_mib: f64,
+    /// The longest reaction time (wake-up to end of pass) the watermarks were sized for, ms.
+    pub max_reaction_ms: f64,
     pub errors: Vec<String>,
 }
 
@@ -78,6 +106,8 @@ pub struct WorkerReport {
 pub struct DaemonReport {
     pub workers: Vec<WorkerReport>,
     pub log: Vec<String>,
+    /// Why the daemon stopped on its own (a limit it could not restore), if it did.
+    pub fatal: Option<String>,
 }
 
 enum Scope {
@@ -96,10 +126,18 @@ struct Shared {
     mech: Mutex<()>,
     stop: AtomicBool,
     log: Mutex<Vec<String>>,
+    fatal: Mutex<Option<String>>,
     verbose: bool,
 }
 
 impl Shared {
+    /// Stop every worker for a reason the operator must see.
+    fn die(&self, why: String) {
+        self.say(format!("fatal: {why}"));
+        self.fatal.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(why);
+        self.stop.store(true, Ordering::Release);
+    }
+
     fn say(&self, line: String) {
         if self.verbose {
             eprintln!("reclaimd: {line}");
@@ -138,6 +176,9 @@ impl Daemon {
                     )));
                 }
                 let from = cfg.raw.reclaim_cgroup.as_ref().map(MemCgroup::open).transpose()?;
+                if let Some(from) = &from {
+                    set_protected_reserve(cfg, &cg, from, &guard)?;
+                }
                 Scope::Cgroup(cg, from)
             }
             ScopeKind::System => {
@@ -150,6 +191,7 @@ impl Daemon {
             mech: Mutex::new(()),
             stop: AtomicBool::new(false),
             log: Mutex::new(Vec::new()),
+            fatal: Mutex::new(None),
             verbose: opts.verbose,
         });
         if cfg.raw.apply_global {
@@ -224,7 +266,8 @@ impl Daemon {
             let _ = c.join();
         }
         let log = std::mem::take(&mut *self.shared.log.lock().unwrap_or_else(|e| e.into_inner()));
-        DaemonReport { workers, log }
+        let fatal = self.shared.fatal.lock().unwrap_or_else(|e| e.into_inner()).take();
+        DaemonReport { workers, log, fatal }
     }
 }
 
@@ -238,6 +281,32 @@ impl Drop for Daemon {
             let _ = c.join();
         }
     }
+}
+
+/// Give the reclaim group a standing limit of the watched group's limit minus the protected
+/// reserve (through the guard: its own limit comes back when the daemon ends).
+fn set_protected_reserve(
+    cfg: &Config,
+    watch: &MemCgroup,
+    from: &MemCgroup,
+    guard: &SettingsGuard,
+) -> Result<(), DaemonError> {
+    let limit = watch.limit()?.expect("checked by the caller");
+    let first = cfg.reclaim.first().and_then(|&c| cfg.table.get(c)).expect("validated: a reclaim core");
+    let reserve = cfg.raw.protected_reserve_kb.map_or(first.watermarks(PAGE_SHIFT).low * PAGE, |kb| kb * 1024);
+    if reserve >= limit {
+        return Err(DaemonError::Unusable(format!(
+            "the protected reserve ({} KiB) is not below the limit of {} ({} KiB)",
+            reserve / 1024,
+            watch.path().display(),
+            limit / 1024
+        )));
+    }
+    let standing = limit - reserve;
+    if from.limit()?.is_none_or(|own| own > standing) {
+        from.set_limit_guarded(guard, Some(standing))?;
+    }
+    Ok(())
 }
 
 /// A global min_free_kbytes above a quarter of memory would make the kernel reclaim most of
@@ -314,26 +383,27 @@ fn worker(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared) -> Worker
     let pass = Duration::from_millis(cfg.raw.pass_ms);
     let mut hyst: BTreeMap<usize, Hysteresis> = BTreeMap::new();
     let mut raised_warned = false;
+    let mut load = LoadSizing::new(cfg.interval);
     while !shared.stop.load(Ordering::Acquire) {
-        let fired = match &psi {
-            Some(p) => p.wait(cfg.interval).unwrap_or(false),
-            None => {
-                std::thread::sleep(cfg.interval);
-                false
-            }
-        };
+        match (&load.threshold, &psi) {
+            (Some(t), _) => rep.threshold_wakeups += u64::from(t.wait(cfg.interval).unwrap_or(false)),
+            (None, Some(p)) => rep.psi_wakeups += u64::from(p.wait(cfg.interval).unwrap_or(false)),
+            (None, None) => std::thread::sleep(cfg.interval),
+        }
+        let woke = Instant::now();
         rep.wakeups += 1;
-        rep.psi_wakeups += u64::from(fired);
         rep.ran_on.insert(cpu::current_cpu());
         let Some(mut core) = shared.table.read().unwrap_or_else(|e| e.into_inner()).get(cpu_id) else { continue };
         if let Some(p) = cfg.split.as_ref().and_then(|s| s.pstart_kb) {
             // Split reclaim: Pstart is the worker's low (in % of its min, as the tree holds it).
             let min = core.min_free_kbytes.max(1);
-            core.pages_low_ratio = (p * 100 / min).max(100) as u32;
+            core.pages_low_ratio = (p * 100 / min).clamp(100, u64::from(crate::policy::MAX_RATIO)) as u32;
             core.pages_high_ratio = core.pages_high_ratio.max(core.pages_low_ratio);
         }
         let step = match scope {
-            Scope::Cgroup(cg, _) => cgroup_step(cg, core.watermarks(PAGE_SHIFT), batch_pages, &mut hyst, shared),
+            Scope::Cgroup(cg, from) => {
+                cgroup_step(cg, from.as_ref(), core.watermarks(PAGE_SHIFT), batch_pages, &mut hyst, &mut load, shared)
+            }
             Scope::System { .. } => system_step(&core, batch_pages, &mut hyst, &mut raised_warned, shared),
         };
         let (free, need, limit) = match step {
@@ -344,6 +414,9 @@ fn worker(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared) -> Worker
             }
         };
         rep.min_free_pages = rep.min_free_pages.min(free);
+        rep.unsafe_steps_refused = load.refused;
+        rep.max_charge_mib_per_s = rep.max_charge_mib_per_s.max(load.rate.pages_per_s() * PAGE as f64 / 1048576.0);
+        rep.max_low_mib = rep.max_low_mib.max((load.low_pages * PAGE) as f64 / 1048576.0);
         if need > 0 {
             let t = Instant::now();
             let got = match scope {
@@ -363,7 +436,15 @@ fn worker(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared) -> Worker
             rep.max_pass_ms = rep.max_pass_ms.max(ms);
             rep.reclaim_passes += 1;
             match got {
-                Ok(b) => rep.reclaimed_bytes += b,
+                Ok(b) => {
+                    rep.reclaimed_bytes += b;
+                    load.reclaimed_pages += b / PAGE;
+                }
+                Err(e @ pagewise_kernel::Error::LimitNotRestored { .. }) => {
+                    rep.errors.push(e.to_string());
+                    shared.die(e.to_string());
+                    break;
+                }
                 Err(e) => rep.errors.push(e.to_string()),
             }
         }
@@ -374,9 +455,16 @@ fn worker(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared) -> Worker
                     rep.slab_reclaimed_bytes += b;
                 }
                 Ok(None) => {}
+                Err(e @ pagewise_kernel::Error::LimitNotRestored { .. }) => {
+                    rep.errors.push(e.to_string());
+                    shared.die(e.to_string());
+                    break;
+                }
                 Err(e) => rep.errors.push(e.to_string()),
             }
         }
+        load.reacted(woke.elapsed());
+        rep.max_reaction_ms = rep.max_reaction_ms.max(load.reaction_s() * 1e3);
         if rep.errors.len() > 100 {
             shared.say(format!("cpu{cpu_id}: too many errors, stopping: {}", rep.errors.last().expect("nonempty")));
             shared.stop.store(true, Ordering::Release);
@@ -385,23 +473,136 @@ fn worker(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared) -> Worker
     rep
 }
 
+/// What a cgroup-scope worker learns about its load: the group's charge rate, its own
+/// reaction time, and the usage threshold that wakes it at its (rate-sized) low watermark.
+struct LoadSizing {
+    rate: ChargeRate,
+    /// The last reaction times (wake-up to end of pass), newest last.
+    reactions: std::collections::VecDeque<Duration>,
+    /// How late a wake-up can be: the timer's interval without a threshold, else ~1 ms.
+    interval: Duration,
+    threshold: Option<UsageThreshold>,
+    /// Arming failed once (said in the log): the timer alone wakes the worker.
+    threshold_failed: bool,
+    last: Option<Instant>,
+    /// Pages the worker reclaimed so far (for the charge counter where the kernel has none).
+    reclaimed_pages: u64,
+    low_pages: u64,
+    refused: u64,
+}
+
+impl LoadSizing {
+    /// Reaction times remembered: the watermarks are sized for the worst of these.
+    const WINDOW: usize = 32;
+
+    fn new(interval: Duration) -> Self {
+        LoadSizing {
+            rate: ChargeRate::default(),
+            reactions: Default::default(),
+            interval,
+            threshold: None,
+            threshold_failed: false,
+            last: None,
+            reclaimed_pages: 0,
+            low_pages: 0,
+            refused: 0,
+        }
+    }
+
+    fn reacted(&mut self, took: Duration) {
+        if self.reactions.len() == Self::WINDOW {
+            self.reactions.pop_front();
+        }
+        self.reactions.push_back(took);
+    }
+
+    /// Seconds from free memory crossing low until the worker's pass has ended.
+    fn reaction_s(&self) -> f64 {
+        let wake = if self.threshold.is_some() { Duration::from_millis(1) } else { self.interval };
+        (wake + self.reactions.iter().max().copied().unwrap_or_default()).as_secs_f64()
+    }
+
+    /// Move the usage threshold to `limit - low` when it is off by more than an eighth of low.
+    fn arm(&mut self, target: &MemCgroup, limit: u64, low_bytes: u64) -> pagewise_kernel::Result<()> {
+        if target.version() != Version::V1 || self.threshold_failed {
+            return Ok(());
+        }
+        let at = limit.saturating_sub(low_bytes);
+        if self.threshold.as_ref().is_some_and(|t| t.bytes().abs_diff(at) <= low_bytes / 8) {
+            return Ok(());
+        }
+        self.threshold = None;
+        match target.usage_threshold(at) {
+            Ok(t) => self.threshold = Some(t),
+            Err(e) => {
+                self.threshold_failed = true;
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
 /// (free pages, pages to reclaim, the group's limit)
 type Step = pagewise_kernel::Result<(u64, u64, Option<u64>)>;
 
+/// Pages the limit may never be lowered into beyond the unreclaimable memory: 4 MiB, so the
+/// kernel's own allocations for the group (page tables, the next charges) still fit.
+const SAFETY_MARGIN_PAGES: u64 = 1024;
+/// The smallest step worth lowering a limit for: 1 MiB.
+const MIN_STEP_PAGES: u64 = 256;
+
 fn cgroup_step(
     cg: &MemCgroup,
-    wm: Watermarks,
+    from: Option<&MemCgroup>,
+    base: Watermarks,
     batch: u64,
     hyst: &mut BTreeMap<usize, Hysteresis>,
+    load: &mut LoadSizing,
     shared: &Shared,
 ) -> Step {
-    let (limit, usage) = {
+    let target = from.unwrap_or(cg);
+    let (limit, usage, own_limit, comp) = {
         let _l = shared.mech.lock().unwrap_or_else(|e| e.into_inner());
-        (cg.limit()?, cg.usage()?)
+        (cg.limit()?, cg.usage()?, target.limit()?, target.composition()?)
     };
     let Some(lim) = limit else { return Ok((u64::MAX, 0, None)) };
-    let free = lim.saturating_sub(usage) / PAGE;
-    Ok((free, hyst.entry(0).or_default().step(free, wm, batch), limit))
+    // The headroom that counts is the smaller of the watched group's and, with a reclaim
+    // group, that group's own (under its standing limit).
+    let mut free = lim.saturating_sub(usage) / PAGE;
+    let own_lim = own_limit.unwrap_or(lim).min(lim);
+    if from.is_some() {
+        free = free.min(own_lim.saturating_sub(comp.usage) / PAGE);
+    }
+    let now = Instant::now();
+    let dt = load.last.map_or(0.0, |l| now.duration_since(l).as_secs_f64());
+    load.last = Some(now);
+    let charged = comp.charged_pages.unwrap_or(comp.usage / PAGE + load.reclaimed_pages);
+    let rate = load.rate.observe(charged, dt);
+    let wm = rate_sized_watermarks(base, rate, load.reaction_s(), own_lim / PAGE / 2);
+    load.low_pages = wm.low;
+    if let Err(e) = load.arm(target, own_lim, wm.low * PAGE) {
+        shared.say(format!("usage threshold on {} not armed ({e}); timer only", target.path().display()));
+    }
+    // A pass may take up to one reaction time's worth of charges, so the batch grows with it.
+    let batch = batch.max(wm.high - wm.low);
+    let want = hyst.entry(0).or_default().step(free, wm, batch);
+    let need = safe_reclaim_pages(want, group_memory(&comp), SAFETY_MARGIN_PAGES, MIN_STEP_PAGES);
+    if need < want {
+        load.refused += 1;
+    }
+    Ok((free, need, limit))
+}
+
+/// The group's memory in pages, as [`safe_reclaim_pages`] weighs it. Mapped file pages (the
+/// workload's code, its mmap'd data) do not count as reclaimable: taking them would only
+/// make the workload fault them back in.
+fn group_memory(c: &Composition) -> GroupMemory {
+    GroupMemory {
+        usage: c.usage / PAGE,
+        reclaimable: (c.file.saturating_sub(c.file_mapped) + c.slab_reclaimable) / PAGE,
+        unreclaimable: c.unreclaimable / PAGE,
+    }
 }
 
 fn system_step(
@@ -517,9 +718,13 @@ fn slab_step(
         return Ok(None);
     }
     let _l = shared.mech.lock().unwrap_or_else(|e| e.into_inner());
+    let want = safe_reclaim_pages(d.slab, group_memory(&cg.composition()?), SAFETY_MARGIN_PAGES, MIN_STEP_PAGES);
+    if want == 0 {
+        return Ok(None);
+    }
     let normal = split.vfs_cache_pressure.map(|p| p.to_string()).unwrap_or(read_vm_sysctl("vfs_cache_pressure")?);
     set_vm_sysctl(&shared.guard, "vfs_cache_pressure", &split.slab_pass_pressure.to_string())?;
-    let got = cg.reclaim_in_caller_within(&shared.guard, d.slab * PAGE, limit, Some(pass));
+    let got = cg.reclaim_in_caller_within(&shared.guard, want * PAGE, limit, Some(pass));
     set_vm_sysctl(&shared.guard, "vfs_cache_pressure", &normal)?;
     let before = slab;
     let after = cg.slab_bytes()?;

@@ -370,10 +370,17 @@ pub struct GroupMemory {
 
 /// The largest reclaim step, at most `want` pages, that cannot hurt the group: no more than
 /// what is reclaimable, and never so much that the lowered limit (usage − step) falls below
-/// the unreclaimable memory plus `margin` pages. Zero means: do not lower the limit at all.
-pub fn safe_reclaim_pages(want: u64, m: GroupMemory, margin: u64) -> u64 {
+/// the unreclaimable memory plus `margin` pages. A step smaller than `min_step` pages is not
+/// worth lowering a limit for (it would scrape the last pages of cache a workload has).
+/// Zero means: do not lower the limit at all.
+pub fn safe_reclaim_pages(want: u64, m: GroupMemory, margin: u64, min_step: u64) -> u64 {
     let floor = m.unreclaimable.saturating_add(margin);
-    want.min(m.reclaimable).min(m.usage.saturating_sub(floor))
+    let step = want.min(m.reclaimable).min(m.usage.saturating_sub(floor));
+    if step < min_step.min(want) {
+        0
+    } else {
+        step
+    }
 }
 
 /// Split-reclaim thresholds (seed 004), all in pages of the scope being watched.
@@ -557,10 +564,12 @@ mod tests {
     #[test]
     fn a_step_never_cuts_into_anonymous_memory() {
         let m = GroupMemory { usage: 1000, reclaimable: 300, unreclaimable: 700 };
-        assert_eq!(safe_reclaim_pages(500, m, 0), 300);
-        assert_eq!(safe_reclaim_pages(500, m, 50), 250);
+        assert_eq!(safe_reclaim_pages(500, m, 0, 1), 300);
+        assert_eq!(safe_reclaim_pages(500, m, 50, 1), 250);
+        assert_eq!(safe_reclaim_pages(500, m, 50, 256), 0, "a scrap of cache is not worth a lowered limit");
+        assert_eq!(safe_reclaim_pages(100, m, 50, 256), 100, "a small want is met whole");
         let anon_only = GroupMemory { usage: 1000, reclaimable: 0, unreclaimable: 1000 };
-        assert_eq!(safe_reclaim_pages(500, anon_only, 16), 0);
+        assert_eq!(safe_reclaim_pages(500, anon_only, 16, 1), 0);
     }
 
     proptest! {
@@ -598,11 +607,12 @@ mod tests {
 
         #[test]
         fn safe_steps_leave_the_unreclaimable_memory(want in any::<u64>(), usage in any::<u64>(), r in any::<u64>(),
-                                                     margin in 0u64..1 << 20) {
+                                                     margin in 0u64..1 << 20, min_step in 0u64..1 << 12) {
             let reclaimable = r % (usage.saturating_add(1));
             let m = GroupMemory { usage, reclaimable, unreclaimable: usage - reclaimable };
-            let n = safe_reclaim_pages(want, m, margin);
+            let n = safe_reclaim_pages(want, m, margin, min_step);
             prop_assert!(n <= want && n <= reclaimable);
+            prop_assert!(n == 0 || n >= min_step.min(want));
             prop_assert!(n == 0 || usage - n >= m.unreclaimable + margin);
         }
 

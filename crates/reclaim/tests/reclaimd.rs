@@ -124,16 +124,23 @@ fn stat_attributes_memcg_reclaim_to_the_core_it_ran_on() {
 
 fn cgroup_config(cg: &Path, extra: &str) -> Config {
     let text = format!(
-        "scope = \"cgroup\"\ncgroup = \"{}\"\ninterval_ms = 5\nbatch_kb = 16384\nworker_rt_priority = 10\n\
+        "scope = \"cgroup\"\ncgroup = \"{}\"\ninterval_ms = 5\nbatch_kb = 16384\nworker_rt_priority = 10\n{extra}\n\
          [roles]\nprotect = \"1\"\nreclaim = \"0\"\n\
-         [cores.\"0\"]\nmin_free_kbytes = 16384\npages_low_ratio = 200\npages_high_ratio = 300\n{extra}",
+         [cores.\"0\"]\nmin_free_kbytes = 16384\npages_low_ratio = 200\npages_high_ratio = 300\n",
         cg.display()
     );
     Config::parse(&text, &pagewise_kernel::cpu::online_cpus().unwrap(), 67584).unwrap()
 }
 
+/// A limited group with two children, as seed 002 deploys it: the pressure (file reads at
+/// whatever rate this machine's disk and page cache allow, plus anonymous memory) on core 0
+/// and the protected task on core 1. reclaimd watches the group and reclaims from the
+/// pressure's child only. What must hold on any machine, fast or slow: the group never meets
+/// its limit (its failcnt stays 0: the pressure's child meets its standing limit first), so
+/// the protected task never reclaims; the worker reclaims on core 0 only; every limit is
+/// back where it was.
 #[test]
-fn reclaimd_keeps_the_group_below_its_threshold_from_the_reclaim_core() {
+fn reclaimd_keeps_reclaim_off_the_protected_core() {
     let _serial = serial();
     if !usable() {
         return;
@@ -143,10 +150,17 @@ fn reclaimd_keeps_the_group_below_its_threshold_from_the_reclaim_core() {
     let cg = MemCgroup::create(&guard, &format!("test-reclaimd-{}", std::process::id())).unwrap();
     let limit = 160u64 << 20;
     cg.set_limit(Some(limit)).unwrap();
-    let cfg = cgroup_config(cg.path(), "");
+    let (pressure_cg, protected_cg) =
+        (cg.create_child(&guard, "pressure").unwrap(), cg.create_child(&guard, "protected").unwrap());
+    let cfg = cgroup_config(cg.path(), &format!("reclaim_cgroup = \"{}\"", pressure_cg.path().display()));
     let collector = Collector::start(&guard).unwrap();
     let daemon = Daemon::start(&cfg, guard.clone(), Options::default()).unwrap();
-    let path = cg.path().display().to_string();
+    let standing = pressure_cg.limit().unwrap();
+    assert_eq!(
+        standing,
+        Some(limit - (32 << 20)),
+        "the pressure's child is limited to the group's limit minus the reserve"
+    );
     let secs = 3.0;
     let pressure = spawn(&[
         s("pressure"),
@@ -159,55 +173,95 @@ fn reclaimd_keeps_the_group_below_its_threshold_from_the_reclaim_core() {
         s("--seconds"),
         s(secs),
         s("--cgroup"),
-        path.clone(),
+        pressure_cg.path().display().to_string(),
     ]);
-    let protect = spawn(&[s("protect"), s("--cpu"), s(1), s("--seconds"), s(secs), s("--cgroup"), path]);
+    let protect = spawn(&[
+        s("protect"),
+        s("--cpu"),
+        s(1),
+        s("--seconds"),
+        s(secs),
+        s("--cgroup"),
+        protected_cg.path().display().to_string(),
+    ]);
     let protect_pid = protect.id() as i32;
-    // Sample the group's headroom while the loads run.
-    let mut headroom = Vec::new();
-    let t0 = Instant::now();
-    while t0.elapsed().as_secs_f64() < secs {
-        if let (Ok(Some(l)), Ok(u)) = (cg.limit(), cg.usage()) {
-            if l == limit {
-                headroom.push(l.saturating_sub(u));
-            }
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
     let p = output(pressure);
     let q = output(protect);
     let report = daemon.stop();
     let agg = collector.finish().unwrap();
-    assert_eq!(cg.limit().unwrap(), Some(limit), "the limit is back after every lowering");
+    assert_eq!(cg.limit().unwrap(), Some(limit), "the group's limit was never touched");
+    assert_eq!(pressure_cg.limit().unwrap(), standing, "the child's limit is back after every lowering");
     let w = &report.workers[0];
     assert_eq!(w.ran_on, BTreeSet::from([0]), "the worker ran on its reclaim core only");
-    assert!(w.errors.is_empty(), "{:?}", w.errors);
-    assert!(w.reclaimed_bytes > 64 << 20, "the worker reclaimed the file's cache: {w:?}");
+    assert!(w.errors.is_empty() && report.fatal.is_none(), "{:?} {:?}", w.errors, report.fatal);
+    assert!(w.reclaimed_bytes > 0 && w.threshold_wakeups > 0, "the worker woke at its threshold and reclaimed: {w:?}");
     assert!(p["bytes"].as_u64().unwrap() > 256 << 20, "the pressure read past the limit: {p}");
     assert!(q["latency"]["count"].as_u64().unwrap() > 100);
-    // The worker's reclaim is charged to core 0, where it runs.
-    let worker_events: u64 =
-        agg.tasks.values().filter(|t| t.task.starts_with("reclaimd-cpu0")).map(|t| t.reclaim.count).sum();
-    assert!(worker_events > 0, "memcg reclaim seen in the worker: {:?}", agg.tasks.keys());
     for t in agg.tasks.values().filter(|t| t.task.starts_with("reclaimd-cpu0")) {
-        assert_eq!(t.cpus, BTreeSet::from([0]));
+        assert_eq!(t.cpus, BTreeSet::from([0]), "the worker's reclaim is charged to core 0");
     }
-    // The group stayed below its threshold: median headroom at least the worker's low minus
-    // one batch of the pressure's consumption, and the protected task did not reclaim.
-    headroom.sort_unstable();
-    let median = headroom[headroom.len() / 2];
-    let low = 16384u64 * 1024 * 2;
-    assert!(median >= low / 2, "median headroom {median} vs low {low}");
     let protected = agg.tasks.get(&protect_pid).map_or(0, |t| t.reclaim.count);
     eprintln!(
-        "worker reclaimed {} MiB in {} passes; median headroom {} MiB; protected task reclaims {protected}; pressure {:.0} MiB/s; protect p99 {} µs",
+        "pressure {:.0} MiB/s; worker reclaimed {} MiB in {} passes, threshold wake-ups {}, charge rate up to {:.0} MiB/s, \
+         low up to {:.1} MiB, reaction up to {:.1} ms; group failcnt {}; protected task reclaims {protected}; protect p99 {} µs",
+        p["mib_per_s"].as_f64().unwrap(),
         w.reclaimed_bytes >> 20,
         w.reclaim_passes,
-        median >> 20,
-        p["mib_per_s"].as_f64().unwrap(),
+        w.threshold_wakeups,
+        w.max_charge_mib_per_s,
+        w.max_low_mib,
+        w.max_reaction_ms,
+        cg.failcnt().unwrap(),
         q["latency"]["p99_us"]
     );
+    assert_eq!(cg.failcnt().unwrap(), 0, "the group met its limit: a charge there could have reclaimed on core 1");
     assert_eq!(protected, 0, "the protected task on core 1 entered memcg reclaim");
+}
+
+/// A group holding only anonymous memory (no swap here) below reclaimd's low watermark: the
+/// worker would like headroom but there is nothing it may reclaim, so it must never lower the
+/// limit (that would OOM-kill the workload).
+#[test]
+fn reclaimd_never_lowers_a_limit_into_anonymous_memory() {
+    let _serial = serial();
+    if !usable() {
+        return;
+    }
+    let guard = Arc::new(SettingsGuard::new_without_signal_handler());
+    let cg = MemCgroup::create(&guard, &format!("test-anon-{}", std::process::id())).unwrap();
+    let limit = 128u64 << 20;
+    cg.set_limit(Some(limit)).unwrap();
+    let cfg = cgroup_config(cg.path(), "");
+    // 112 MiB of anonymous memory: 16 MiB of headroom, below the worker's low of 32 MiB.
+    let holder = spawn(&[
+        s("pressure"),
+        s("--cpu"),
+        s(1),
+        s("--fill-mb"),
+        s(112),
+        s("--seconds"),
+        s(2.0),
+        s("--cgroup"),
+        cg.path().display().to_string(),
+    ]);
+    let t0 = Instant::now();
+    while cg.usage().unwrap() < 100 << 20 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let daemon = Daemon::start(&cfg, guard.clone(), Options::default()).unwrap();
+    let mut limits = BTreeSet::new();
+    while t0.elapsed() < Duration::from_millis(1800) {
+        limits.insert(cg.limit().unwrap());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let held = output(holder);
+    let report = daemon.stop();
+    let w = &report.workers[0];
+    assert_eq!(held["seconds"].as_f64(), Some(2.0), "the workload ran to its end: {held}");
+    assert_eq!(cg.oom_kills().unwrap(), 0, "no OOM kill in the group");
+    assert_eq!(limits, BTreeSet::from([Some(limit)]), "the limit never changed");
+    assert_eq!(w.reclaim_passes, 0, "no reclaim pass: {w:?}");
+    assert!(w.unsafe_steps_refused > 0, "the worker wanted headroom and refused to take it: {w:?}");
 }
 
 #[test]
@@ -273,7 +327,7 @@ fn system_scope_drops_cold_file_cache_from_the_reclaim_core_and_restores_kswapd(
         eprintln!("skipped: needs 2 CPUs");
         return;
     }
-    // Core 0's thresholds above all the memory there is: the worker is always below its low
+    // Core 0's thresholds (1 TiB) above all the memory there is: the worker is always below its low
     // and drops the cache of the files under cache_paths (and nothing else: no drop_caches).
     let file = TempFile::new("system", 32);
     let _ = std::fs::read(&file.0).unwrap();
@@ -284,7 +338,7 @@ fn system_scope_drops_cold_file_cache_from_the_reclaim_core_and_restores_kswapd(
         "scope = \"system\"\ninterval_ms = 10\ncache_paths = [\"{}\"]\n[roles]\nprotect = \"1\"\nreclaim = \"0\"\n\
          [cores.\"0\"]\nmin_free_kbytes = {}\n",
         file.0.parent().unwrap().display(),
-        1u64 << 40
+        pagewise_reclaim::policy::MAX_MIN_FREE_KBYTES / 2
     );
     let cfg = Config::parse(&text, &pagewise_kernel::cpu::online_cpus().unwrap(), 67584).unwrap();
     let guard = Arc::new(SettingsGuard::new_without_signal_handler());

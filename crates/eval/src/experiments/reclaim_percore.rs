@@ -31,18 +31,30 @@ pub struct ReclaimPercore;
 enum Setup {
     NoPressure,
     Default,
-    Reclaimd,
+    /// reclaimd with the pressure paced to `rate_mib` MiB/s (0: as fast as it reads).
+    Reclaimd { rate_mib: u32 },
 }
 
 impl Setup {
-    fn label(self) -> &'static str {
+    fn label(self) -> String {
         match self {
-            Setup::NoPressure => "no pressure",
-            Setup::Default => "kernel default",
-            Setup::Reclaimd => "reclaimd",
+            Setup::NoPressure => "no pressure".into(),
+            Setup::Default => "kernel default".into(),
+            Setup::Reclaimd { rate_mib: 0 } => "reclaimd".into(),
+            Setup::Reclaimd { rate_mib } => format!("reclaimd, pressure paced to {rate_mib} MiB/s"),
+        }
+    }
+
+    fn rate_mib(self) -> u32 {
+        match self {
+            Setup::Reclaimd { rate_mib } => rate_mib,
+            _ => 0,
         }
     }
 }
+
+/// The paced pressures of the rate sweep (MiB/s), below the unpaced one.
+const PACED_RATES: [u32; 2] = [256, 1024];
 
 const PROTECTED: usize = 1;
 const RECLAIM: usize = 0;
@@ -57,6 +69,11 @@ struct Run {
     failcnt: u64,
     worker_reclaimed_mib: f64,
     worker_ran_on: BTreeSet<usize>,
+    /// memcg reclaim events in the pressure task itself (it met its own group's limit: the
+    /// worker fell behind and the protected reserve held).
+    pressure_self_reclaims: u64,
+    worker_max_low_mib: f64,
+    worker_max_reaction_ms: f64,
 }
 
 struct Sizes {
@@ -88,7 +105,7 @@ fn run_once(setup: Setup, sz: &Sizes, file: &std::path::Path, rep: usize) -> any
     let (pressure_cg, protected_cg) = (cg.create_child(&guard, "pressure")?, cg.create_child(&guard, "protected")?);
     let collector = Collector::start(&guard)?;
     let daemon = match setup {
-        Setup::Reclaimd => {
+        Setup::Reclaimd { .. } => {
             Some(Daemon::start(&daemon_config(cg.path(), pressure_cg.path())?, guard.clone(), Options::default())?)
         }
         _ => None,
@@ -104,6 +121,7 @@ fn run_once(setup: Setup, sz: &Sizes, file: &std::path::Path, rep: usize) -> any
                 ("file", file.display().to_string()),
                 ("fill-mb", sz.fill_mb.to_string()),
                 ("seconds", sz.seconds.to_string()),
+                ("rate-mib", setup.rate_mib().to_string()),
                 ("cgroup", path),
             ],
         )?),
@@ -120,6 +138,7 @@ fn run_once(setup: Setup, sz: &Sizes, file: &std::path::Path, rep: usize) -> any
             ("cgroup", protected_cg.path().display().to_string()),
         ],
     )?;
+    let pressure_pid = pressure.as_ref().map(|c| c.id() as i32);
     let q = finish(protect)?;
     let p = pressure.map(finish).transpose()?;
     let report = daemon.map(Daemon::stop);
@@ -142,6 +161,9 @@ fn run_once(setup: Setup, sz: &Sizes, file: &std::path::Path, rep: usize) -> any
         failcnt,
         worker_reclaimed_mib: w.map_or(0.0, |w| w.reclaimed_bytes as f64 / (1 << 20) as f64),
         worker_ran_on: w.map(|w| w.ran_on.clone()).unwrap_or_default(),
+        pressure_self_reclaims: pressure_pid.and_then(|pid| agg.tasks.get(&pid)).map_or(0, |t| t.reclaim.count),
+        worker_max_low_mib: w.map_or(0.0, |w| w.max_low_mib),
+        worker_max_reaction_ms: w.map_or(0.0, |w| w.max_reaction_ms),
     })
 }
 
@@ -167,11 +189,12 @@ impl Experiment for ReclaimPercore {
             anyhow::bail!("needs 2 CPUs (core 0 reclaim, core 1 protected)");
         }
         let sz = ctx.mode.pick(
-            Sizes { limit_mb: 192, file_mb: 384, fill_mb: 64, seconds: 8.0 },
+            Sizes { limit_mb: 192, file_mb: 384, fill_mb: 64, seconds: 6.0 },
             Sizes { limit_mb: 1024, file_mb: 2048, fill_mb: 256, seconds: 30.0 },
         );
         let reps = ctx.mode.pick(3, 5);
-        let configs = [Setup::NoPressure, Setup::Default, Setup::Reclaimd];
+        let mut configs = vec![Setup::NoPressure, Setup::Default, Setup::Reclaimd { rate_mib: 0 }];
+        configs.extend(PACED_RATES.map(|rate_mib| Setup::Reclaimd { rate_mib }));
         ctx.message("writing the pressure file");
         let scratch = Scratch::new("reclaim-percore")?;
         let file = scratch.file("pressure.bin", sz.file_mb)?;
@@ -208,7 +231,7 @@ impl Experiment for ReclaimPercore {
                 let sum = |f: &dyn Fn(&CoreStats) -> u64| -> u64 { runs.iter().map(|r| f(&r.cores[c])).sum() };
                 let max_memcg = runs.iter().map(|r| r.cores[c].memcg.max_us).fold(0.0, f64::max);
                 per_core.row([
-                    setup.label().to_string(),
+                    setup.label(),
                     format!("{c}{}", if c == PROTECTED { " (protected)" } else { " (pressure/reclaim)" }),
                     sum(&|s| s.kswapd_wakeups).to_string(),
                     sum(&|s| s.pages_scanned).to_string(),
@@ -223,7 +246,7 @@ impl Experiment for ReclaimPercore {
             let max = med(runs.iter().map(|r| r.max_us).collect());
             let tput = med(runs.iter().map(|r| r.mib_per_s).collect());
             lat_table.row([
-                setup.label().to_string(),
+                setup.label(),
                 p50.display(0),
                 p99.display(0),
                 max.display(0),
@@ -243,12 +266,17 @@ impl Experiment for ReclaimPercore {
                     "cores": r.cores, "p50_us": r.p50_us, "p99_us": r.p99_us, "max_us": r.max_us,
                     "pressure_mib_per_s": r.mib_per_s, "failcnt": r.failcnt,
                     "worker_reclaimed_mib": r.worker_reclaimed_mib, "worker_ran_on": r.worker_ran_on,
+                    "pressure_self_reclaims": r.pressure_self_reclaims, "worker_max_low_mib": r.worker_max_low_mib,
+                    "worker_max_reaction_ms": r.worker_max_reaction_ms,
                 })).collect::<Vec<_>>(),
             }));
         }
         let idx = |s: Setup| configs.iter().position(|c| *c == s).expect("configured");
-        let (idle, def, rd) =
-            (&results[idx(Setup::NoPressure)], &results[idx(Setup::Default)], &results[idx(Setup::Reclaimd)]);
+        let (idle, def, rd) = (
+            &results[idx(Setup::NoPressure)],
+            &results[idx(Setup::Default)],
+            &results[idx(Setup::Reclaimd { rate_mib: 0 })],
+        );
         let events = |runs: &[Run]| runs.iter().map(|r| r.cores[PROTECTED].reclaim_events()).sum::<u64>() as f64;
         let scanned = |runs: &[Run]| runs.iter().map(|r| r.cores[PROTECTED].pages_scanned).sum::<u64>() as f64;
         let p99 = |runs: &[Run]| Summary::of(&runs.iter().map(|r| r.p99_us).collect::<Vec<_>>()).median;
@@ -259,7 +287,46 @@ impl Experiment for ReclaimPercore {
         report.figure("pressure_throughput_ratio", ratio(tput(rd), tput(def)));
         report.figure("default_protected_core_reclaim_events", events(def));
         report.figure("default_p99_vs_idle", ratio(p99(def), p99(idle)));
+        // The rate sweep: at each pressure rate, did the protected core stay free of reclaim,
+        // and did the worker keep up (no reclaim in the pressure task itself)?
+        let mut sweep = Table::new([
+            "configuration",
+            "pressure MiB/s (measured)",
+            "protected-core reclaim events",
+            "pressure self-reclaims",
+            "worker low up to MiB",
+            "worker reaction up to ms",
+        ]);
+        let mut held = Vec::new();
+        let mut kept_up = Vec::new();
+        for (i, setup) in configs.iter().enumerate().filter(|(_, s)| matches!(s, Setup::Reclaimd { .. })) {
+            let runs = &results[i];
+            let rate = tput(runs);
+            let self_reclaims: u64 = runs.iter().map(|r| r.pressure_self_reclaims).sum();
+            if events(runs) == 0.0 {
+                held.push(rate);
+            }
+            if self_reclaims == 0 {
+                kept_up.push(rate);
+            }
+            sweep.row([
+                setup.label(),
+                Summary::of(&runs.iter().map(|r| r.mib_per_s).collect::<Vec<_>>()).display(0),
+                format!("{}", events(runs)),
+                self_reclaims.to_string(),
+                format!("{:.1}", runs.iter().map(|r| r.worker_max_low_mib).fold(0.0, f64::max)),
+                format!("{:.1}", runs.iter().map(|r| r.worker_max_reaction_ms).fold(0.0, f64::max)),
+            ]);
+        }
+        let highest = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+        report.figure("pressure_read_mib_per_s", tput(def));
+        report.figure("max_rate_zero_protected_reclaim_mib_per_s", highest(&held));
+        report.figure("max_rate_worker_kept_up_mib_per_s", highest(&kept_up));
         report.table("Per-core reclaim (summed over repetitions; seed 002 Table 2)", per_core);
+        report.table(
+            "Rate sweep under reclaimd: protected core vs pressure rate (events summed, rates median [min–max])",
+            sweep,
+        );
         report.table("Protected task latency and pressure throughput (median [min–max] over repetitions)", lat_table);
         report.plots.push(plot);
         report.data = json!({
@@ -269,9 +336,10 @@ impl Experiment for ReclaimPercore {
         report.note(format!(
             "Memory cgroup (v1) of {} MiB; pressure: {} MiB of anonymous fill then sequential reads of a {} MiB file, pinned to core 0; \
              protected: 512 pages mapped+touched+unmapped every 10 ms, mlockall, SCHED_FIFO 20, pinned to core 1 (the paper's application habits); {} s per run, {reps} repetitions interleaved. \
-             reclaimd: one SCHED_FIFO worker on core 0, timer 5 ms + PSI, low 32 MiB / high 48 MiB of headroom, batches of 16 MiB by cgroup-v1 limit lowering. \
+             reclaimd: one SCHED_FIFO worker on core 0 woken by a usage threshold at its low watermark and a 5 ms timer; low 32 MiB / high 48 MiB of headroom at least, raised to twice the charges of one reaction time; batches of 16 MiB or more by cgroup-v1 limit lowering of the pressure's child, whose standing limit is the group's minus a 32 MiB protected reserve. \
+             The rate sweep paces the pressure to {:?} MiB/s as well: `max_rate_zero_protected_reclaim_mib_per_s` is the highest measured rate with no reclaim on the protected core, `max_rate_worker_kept_up_mib_per_s` the highest at which the pressure never reclaimed itself either. \
              The machine's 2 cores are shared with other work, so latencies carry that noise.",
-            sz.limit_mb, sz.fill_mb, sz.file_mb, sz.seconds
+            sz.limit_mb, sz.fill_mb, sz.file_mb, sz.seconds, PACED_RATES
         ));
         Ok(report)
     }

@@ -4,9 +4,10 @@
 //! - `protect --cpu C --pages N --period-ms P --seconds S [--fifo PRIO] [--cgroup DIR]`: seed
 //!   002's latency-critical task: pinned, mlockall'ed, optionally SCHED_FIFO, every P ms maps N pages, touches each one and
 //!   unmaps them; reports the latency of each map+touch (p50/p99/max µs).
-//! - `pressure --cpu C --file F --fill-mb M --seconds S [--cgroup DIR]`: seed 002's pressure:
-//!   M MiB of anonymous memory kept touched, then sequential reads of F (larger than the
-//!   group) over and over; reports MiB/s read.
+//! - `pressure --cpu C [--file F] --fill-mb M --seconds S [--rate-mib R] [--cgroup DIR]`:
+//!   seed 002's pressure: M MiB of anonymous memory touched and held, then sequential reads
+//!   of F (larger than the group) over and over, at most R MiB/s when R > 0 (paced per MiB);
+//!   without F it only holds the anonymous memory. Reports MiB/s read.
 //! - `fileserver --dir D --threads T --files N --file-kb K --ops O --lookup-pct L
 //!   [--cgroup DIR] [--cpu C]`: seed 004's file server: T worker threads (named `pw-fs-worker`)
 //!   each doing O requests over N files: reads and rewrites of whole files, and `stat` lookups
@@ -110,9 +111,10 @@ fn protect(a: &Args) {
 fn pressure(a: &Args) {
     join_cgroup(a);
     pin(a);
-    let file = PathBuf::from(a.get::<String>("file", None));
+    let file = a.opt("file").map(PathBuf::from);
     let fill = a.get::<usize>("fill-mb", Some(0)) << 20;
     let seconds: f64 = a.get("seconds", None);
+    let rate_mib: f64 = a.get("rate-mib", Some(0.0));
     let _fill = (fill > 0).then(|| {
         let m = Mapping::anonymous(fill, &MapOptions::default()).unwrap_or_else(|e| die(e));
         // SAFETY: our own fresh writable mapping.
@@ -122,6 +124,11 @@ fn pressure(a: &Args) {
     let mut buf = vec![0u8; 1 << 20];
     let mut total = 0u64;
     let t0 = Instant::now();
+    let Some(file) = file else {
+        std::thread::sleep(Duration::from_secs_f64(seconds));
+        println!("{}", serde_json::json!({ "bytes": 0, "seconds": seconds, "mib_per_s": 0.0 }));
+        return;
+    };
     'outer: while t0.elapsed().as_secs_f64() < seconds {
         let mut f = std::fs::File::open(&file).unwrap_or_else(|e| die(format!("{}: {e}", file.display())));
         loop {
@@ -132,6 +139,13 @@ fn pressure(a: &Args) {
             total += n as u64;
             if t0.elapsed().as_secs_f64() >= seconds {
                 break 'outer;
+            }
+            if rate_mib > 0.0 {
+                // Paced: the next MiB is due when the rate allows it.
+                let due = t0 + Duration::from_secs_f64(total as f64 / (rate_mib * 1048576.0));
+                if let Some(d) = due.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(d);
+                }
             }
         }
     }
