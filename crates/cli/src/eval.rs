@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use pagewise_eval::{experiments, find, run_experiment, Mode};
 
 /// Run experiments comparing Pagewise with the baselines its papers used, side by side in one
@@ -10,11 +11,16 @@ use pagewise_eval::{experiments, find, run_experiment, Mode};
 /// plot.svg; the table is printed.
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  pagewise eval list\n  pagewise eval thp-baseline --quick\n  pagewise eval all --quick --out /tmp/results"
+    after_help = "Examples:\n  pagewise eval list\n  pagewise eval thp-baseline --quick\n  pagewise eval all --quick --out /tmp/results\n  pagewise eval report --readme README.md   # render results/*/result.json into the README"
 )]
 pub struct Args {
-    /// An experiment name, `list` to show them, or `all` to run every one.
+    /// An experiment name, `list` to show them, `all` to run every one, or `report` to render
+    /// the results already written (DIR/*/result.json) as Markdown.
     name: String,
+    /// With `report`: replace the generated part of this README (between its
+    /// `pagewise eval report` markers) instead of printing.
+    #[arg(long, value_name = "FILE")]
+    readme: Option<PathBuf>,
     /// Small sizes that finish in minutes on 2 cores (the default).
     #[arg(long, conflicts_with = "full")]
     quick: bool,
@@ -29,6 +35,22 @@ pub struct Args {
     quiet: bool,
 }
 
+fn report(args: &Args) -> anyhow::Result<ExitCode> {
+    let names: Vec<&str> = experiments().iter().map(|e| e.name()).collect();
+    let section = pagewise_eval::readme::render_dir(&args.out, &names)?;
+    match &args.readme {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            let spliced =
+                pagewise_eval::readme::splice(&text, &section).with_context(|| format!("in {}", path.display()))?;
+            std::fs::write(path, spliced).with_context(|| format!("writing {}", path.display()))?;
+            println!("{}: figures from {} rendered", path.display(), args.out.display());
+        }
+        None => print!("{section}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mode = if args.full { Mode::Full } else { Mode::Quick };
     let selected = match args.name.as_str() {
@@ -38,6 +60,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
             return Ok(ExitCode::SUCCESS);
         }
+        "report" => return report(&args),
         "all" => experiments(),
         name => match find(name) {
             Some(e) => vec![e],

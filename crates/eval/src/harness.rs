@@ -96,7 +96,15 @@ pub fn machine_facts() -> serde_json::Value {
         "cpus": pagewise_kernel::cpu::online_cpus().map(|c| c.len()).unwrap_or(0),
         "mem_total_bytes": pagewise_kernel::procfs::read_meminfo().map(|m| m.mem_total).unwrap_or(0),
         "thp_enabled": pagewise_kernel::thp::thp_mode().unwrap_or_default(),
+        "commit": source_commit(),
     })
+}
+
+/// The commit of the source tree the run came from (`git describe --always --dirty` in the
+/// working directory), when there is one: it tells a reader which code produced a figure.
+fn source_commit() -> Option<String> {
+    let out = std::process::Command::new("git").args(["describe", "--always", "--dirty"]).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 /// Run one experiment and write `out_root/NAME/{result.json, table.md, plot.svg}`.
@@ -131,6 +139,9 @@ pub fn run_experiment(exp: &dyn Experiment, mode: Mode, out_root: &Path, quiet: 
         "description": exp.description(),
         "mode": mode,
         "duration_s": elapsed.as_secs_f64(),
+        "finished_at": crate::readme::utc_text(
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+        ),
         "machine": machine_facts(),
         "summary": report.summary,
         "tables": report.tables.iter().map(|(t, tab)| json!({"title": t, "table": tab})).collect::<Vec<_>>(),

@@ -32,7 +32,9 @@ enum Setup {
     NoPressure,
     Default,
     /// reclaimd with the pressure paced to `rate_mib` MiB/s (0: as fast as it reads).
-    Reclaimd { rate_mib: u32 },
+    Reclaimd {
+        rate_mib: u32,
+    },
 }
 
 impl Setup {
