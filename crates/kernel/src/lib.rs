@@ -22,6 +22,7 @@ pub mod pagemap_scan;
 pub mod probe;
 pub mod procfs;
 pub mod signal;
+pub mod testing;
 pub mod thp;
 pub mod tracefs;
 pub mod uffd;
