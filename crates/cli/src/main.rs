@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 mod dlm_server;
 mod doctor;
 mod eval;
+mod features;
 mod hps;
 mod reclaim;
 

@@ -14,6 +14,8 @@
 pub mod cgroup;
 pub mod cpu;
 pub mod error;
+pub mod fd;
+pub mod features;
 pub mod guard;
 pub mod mem;
 pub mod page_idle;
