@@ -66,6 +66,13 @@ subst() {
         -e "s|@VERSION@|$version|g" "$1" > "$2"
 }
 
+# The manifest of what was installed so far, listing itself.
+write_manifest() {
+    mkd "$(dirname "$manifest")"
+    entries+=("f $manifest")
+    printf '%s\n' "${entries[@]}" > "$DESTDIR$manifest"
+}
+
 uninstall() {
     local m="$DESTDIR$manifest"
     [ -f "$m" ] || { echo "uninstall: no manifest at $m: Pagewise is not installed under ${DESTDIR}$PREFIX" >&2; exit 1; }
@@ -94,6 +101,13 @@ install_all() {
     gen=$(mktemp -d)
     trap 'rm -rf "$gen"' RETURN
 
+    local a
+    for a in pagewise libpagewise.so libpagewise.a; do
+        [ -f "$target/$a" ] || { echo "install: $target/$a is missing (run make build first)" >&2; exit 1; }
+    done
+    # A step failing half-way still leaves a manifest, so make uninstall can undo what was done.
+    trap 'write_manifest; echo "install: failed; make uninstall removes what was installed" >&2' ERR
+
     put 755 "$target/pagewise" "$BINDIR/pagewise"
     put 755 "$target/libpagewise.so" "$LIBDIR/libpagewise.so"
     put 644 "$target/libpagewise.a" "$LIBDIR/libpagewise.a"
@@ -119,9 +133,8 @@ install_all() {
     put 644 "$gen/completions/_pagewise" "$DATADIR/zsh/site-functions/_pagewise"
     put 644 "$gen/completions/pagewise.fish" "$DATADIR/fish/vendor_completions.d/pagewise.fish"
 
-    mkd "$(dirname "$manifest")"
-    entries+=("f $manifest")
-    printf '%s\n' "${entries[@]}" > "$DESTDIR$manifest"
+    write_manifest
+    trap - ERR
 
     # The dynamic linker's cache, for a library directory it searches by default.
     if [ -z "$DESTDIR" ] && [ "$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then

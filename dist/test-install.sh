@@ -51,7 +51,7 @@ out=$(LD_LIBRARY_PATH=$prefix/lib "$work/t") || fail "running t (exit $?)"
 [ "$out" = "3072 7372 12288" ] || fail "t printed '$out', expected '3072 7372 12288'"
 LD_LIBRARY_PATH=$prefix/lib ldd "$work/t" | grep -q "$prefix/lib/libpagewise.so" || fail "t is not linked to the installed libpagewise.so"
 
-step "the README's HPS example built with pkg-config, run"
+step "the README's C examples built with pkg-config, the HPS one run"
 # shellcheck disable=SC2086
 cc -O2 "$src/examples/c/hps_example.c" $flags -o "$work/hps_example" || fail "cc hps_example.c"
 if out=$(LD_LIBRARY_PATH=$prefix/lib "$work/hps_example" 2>&1); then
@@ -64,6 +64,11 @@ else
     echo "skipped: $reason"
     [ -z "${PAGEWISE_SKIP_LOG:-}" ] || echo "test-install.sh::hps_example: $reason" >>"$PAGEWISE_SKIP_LOG"
 fi
+# The README's DLM example (compiled only: running it needs two memory servers).
+awk '/^cat > dlm_demo.c <<.C.$/ { on = 1; next } /^C$/ { on = 0 } on' "$src/README.md" >"$work/dlm_demo.c"
+grep -q dlm_init "$work/dlm_demo.c" || fail "no dlm_demo.c in README.md"
+# shellcheck disable=SC2086
+cc -O2 "$work/dlm_demo.c" $flags -o "$work/dlm_demo" || fail "cc dlm_demo.c (README) \$(pkg-config --cflags --libs pagewise)"
 static_flags=$(pkg-config --cflags --libs --static pagewise)
 # shellcheck disable=SC2086 # static: the archive, then what it needs (Libs.private)
 cc -O2 "$src/examples/c/hps_example.c" $(pkg-config --cflags pagewise) "$prefix/lib/libpagewise.a" \
@@ -110,5 +115,18 @@ minst uninstall PREFIX=/usr/local DESTDIR="$stage"
 left=$(cd "$stage" && find . -mindepth 1 | sort | tr '\n' ' ')
 [ "$left" = "./usr ./usr/local ./usr/local/share ./usr/local/share/man ./usr/local/share/man/man1 ./usr/local/share/man/man1/not-ours.1 " ] \
     || fail "after a staged uninstall with a foreign file, left: $left"
+
+step "an install that fails half-way is undone by uninstall"
+fake=$work/fake-target
+mkdir "$fake"
+cp "$src/target/release/libpagewise.so" "$src/target/release/libpagewise.a" "$fake/"
+printf '#!/bin/sh\nexit 3\n' >"$fake/pagewise" # fails when asked to generate the man pages
+chmod +x "$fake/pagewise"
+if TARGET=$fake PREFIX=$work/half "$here/install.sh" install >"$work/half.log" 2>&1; then
+    fail "install.sh succeeded with a binary that cannot generate man pages"
+fi
+grep -q "f $work/half/lib/libpagewise.so" "$work/half/share/pagewise/install-manifest" || fail "no manifest after a failed install"
+PREFIX=$work/half "$here/install.sh" uninstall >/dev/null || fail "uninstall after a failed install"
+[ ! -e "$work/half" ] || { find "$work/half" >&2; fail "left behind after a failed install and uninstall"; }
 
 echo "install test: ok"
