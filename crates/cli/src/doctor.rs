@@ -2,10 +2,13 @@
 
 use std::process::ExitCode;
 
+use pagewise_kernel::features::users;
 use pagewise_kernel::probe::{probe, Status};
 
+use crate::features::REGISTRY;
+
 /// Report every kernel feature Pagewise uses: present, absent, or present but unusable, why,
-/// and which Pagewise feature depends on it. Changes nothing on the system.
+/// and which Pagewise feature of this build uses it. Changes nothing on the system.
 #[derive(clap::Args)]
 pub struct Args {
     /// Print JSON (stable snake_case keys) instead of a table.
@@ -16,14 +19,19 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let caps = probe();
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&caps.to_json())?);
+        println!("{}", serde_json::to_string_pretty(&caps.to_json(REGISTRY))?);
         return Ok(ExitCode::SUCCESS);
     }
     println!("kernel {}{}", caps.kernel_release, if caps.root { ", running as root" } else { ", not root" });
     println!();
-    let key_w = caps.features.iter().map(|(k, _)| k.len()).max().unwrap_or(10);
+    let key_w = caps.features.iter().map(|(k, _)| k.key().len()).max().unwrap_or(10);
     println!("{:<key_w$}  {:<8}  {:<44}  used by", "feature", "status", "detail");
-    for (key, f) in &caps.features {
+    for (cap, f) in &caps.features {
+        let key = cap.key();
+        let used_by = match users(REGISTRY, *cap) {
+            u if u.is_empty() => "-".to_string(),
+            u => u.join(", "),
+        };
         let status = match f.status {
             Status::Present => "yes",
             Status::Absent => "no",
@@ -49,9 +57,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 .split_once('\n')
                 .map(|(a, b)| (a.to_string(), format!("\n{b}")))
                 .unwrap_or((detail.clone(), String::new()));
-            println!("{key:<key_w$}  {status:<8}  {first:<44}  {}{rest}", f.used_by.join(", "));
+            println!("{key:<key_w$}  {status:<8}  {first:<44}  {used_by}{rest}");
         } else {
-            println!("{key:<key_w$}  {status:<8}  {detail:<44}  {}", f.used_by.join(", "));
+            println!("{key:<key_w$}  {status:<8}  {detail:<44}  {used_by}");
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -5,6 +5,35 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use pagewise_eval::{experiments, find, run_experiment, Mode};
+use pagewise_kernel::features::{Capability, Feature};
+
+/// The kernel capabilities each experiment uses (`pagewise doctor`); a test checks that every
+/// experiment of `pagewise eval list` has exactly one entry here.
+pub const FEATURES: &[Feature] = &[
+    Feature { name: "pagewise eval thp-baseline", needs: &[Capability::ThpEnabled] },
+    Feature {
+        name: "pagewise eval hps-micro",
+        needs: &[Capability::ThpEnabled, Capability::Userfaultfd, Capability::MadvCollapseShmem],
+    },
+    Feature { name: "pagewise eval hps-tracker-cost", needs: &[Capability::Userfaultfd, Capability::PagemapScan] },
+    Feature { name: "pagewise eval dlm-fault", needs: &[Capability::Userfaultfd] },
+    Feature { name: "pagewise eval dlm-pagesize", needs: &[Capability::Userfaultfd] },
+    Feature {
+        name: "pagewise eval reclaim-percore",
+        needs: &[
+            Capability::CgroupV1Memory,
+            Capability::TracefsVmscan,
+            Capability::Psi,
+            Capability::OnlineCpus,
+            Capability::MlockLimitKb,
+            Capability::Swap,
+        ],
+    },
+    Feature {
+        name: "pagewise eval reclaim-split",
+        needs: &[Capability::CgroupV1Memory, Capability::TracefsVmscan, Capability::Swap],
+    },
+];
 
 /// Run experiments comparing Pagewise with the baselines its papers used, side by side in one
 /// run. Results go to DIR/NAME/: result.json (with a `summary` of named figures), table.md and

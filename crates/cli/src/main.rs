@@ -7,6 +7,8 @@ use clap::{Parser, Subcommand};
 mod dlm_server;
 mod doctor;
 mod eval;
+mod features;
+mod generate;
 mod hps;
 mod reclaim;
 
@@ -28,6 +30,8 @@ enum Command {
     Hps(hps::Args),
     Reclaimd(reclaim::DaemonArgs),
     Reclaim(reclaim::Args),
+    #[command(hide = true)]
+    Generate(generate::Args),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +43,7 @@ fn main() -> ExitCode {
         Command::Hps(a) => hps::run(a),
         Command::Reclaimd(a) => reclaim::run_daemon(a),
         Command::Reclaim(a) => reclaim::run(a),
+        Command::Generate(a) => generate::run(a),
     };
     match result {
         Ok(code) => code,

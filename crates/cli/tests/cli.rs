@@ -90,3 +90,49 @@ fn eval_lists_and_rejects_unknown_names() {
     let out = pagewise(&["eval", "thp-baseline", "--quick", "--full"]);
     assert!(!out.status.success(), "--quick and --full conflict");
 }
+
+/// Every name in doctor's "used by" exists in this build: a `pagewise ...` command answers
+/// `--help` (an experiment is in `eval list`), a C API name is declared in the installed header.
+#[test]
+fn doctor_names_only_features_that_exist() {
+    let j = doctor_json();
+    let header = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../include/pagewise.h")).unwrap();
+    let header_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../include/pagewise");
+    let mut headers = header.clone();
+    for e in std::fs::read_dir(header_dir).unwrap() {
+        headers.push_str(&std::fs::read_to_string(e.unwrap().path()).unwrap());
+    }
+    let experiments = String::from_utf8(pagewise(&["eval", "list"]).stdout).unwrap();
+    let mut names = std::collections::BTreeSet::new();
+    for (key, v) in j.as_object().unwrap() {
+        let Some(used_by) = v.get("used_by") else { continue };
+        for n in used_by.as_array().unwrap_or_else(|| panic!("{key}: used_by is not a list")) {
+            names.insert(n.as_str().unwrap().to_string());
+        }
+    }
+    assert!(names.len() >= 5, "too few features registered: {names:?}");
+    for name in &names {
+        if let Some(rest) = name.strip_prefix("pagewise eval ") {
+            assert!(
+                experiments.lines().any(|l| l.split_whitespace().next() == Some(rest)),
+                "{name}: no such experiment"
+            );
+        } else if let Some(rest) = name.strip_prefix("pagewise ") {
+            let words: Vec<&str> = rest.split(" (").next().unwrap().split_whitespace().collect();
+            let mut args = words.clone();
+            args.push("--help");
+            let out = pagewise(&args);
+            assert!(out.status.success(), "{name}: `pagewise {}` is not a command", words.join(" "));
+        } else {
+            // A C API: its prefix or function name is declared in the headers.
+            let ident: String = name
+                .split([' ', '*', ':'])
+                .next()
+                .unwrap()
+                .chars()
+                .filter(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            assert!(!ident.is_empty() && headers.contains(&ident), "{name}: {ident} is not in include/pagewise*.h");
+        }
+    }
+}

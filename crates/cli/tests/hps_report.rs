@@ -5,7 +5,7 @@ use pagewise_hugepage::{Hps, HpsConfig};
 #[test]
 fn report_prints_the_page_acs_layout_of_a_live_process() {
     let Ok(hps) = Hps::start(HpsConfig::default()) else {
-        eprintln!("skipped: HPS needs userfaultfd MINOR_SHMEM");
+        pagewise_kernel::testing::skip("HPS needs userfaultfd MINOR_SHMEM");
         return;
     };
     hps.set_tracking(false);

@@ -54,7 +54,7 @@ fn show_prints_the_papers_semantics() {
 #[test]
 fn stat_reports_per_core_for_a_command() {
     if !pagewise_kernel::tracefs::supported() {
-        eprintln!("skipped: no tracefs");
+        pagewise_kernel::testing::skip("no tracefs");
         return;
     }
     let out = Command::new(PAGEWISE).args(["reclaim", "stat", "--json", "--", "true"]).output().unwrap();
@@ -68,7 +68,7 @@ fn stat_reports_per_core_for_a_command() {
 #[test]
 fn a_killed_daemon_leaves_the_system_as_it_found_it() {
     if v1_memory_root().is_none() && v2_memory_root().is_none() {
-        eprintln!("skipped: no memory cgroup controller");
+        pagewise_kernel::testing::skip("no memory cgroup controller");
         return;
     }
     let guard = SettingsGuard::new_without_signal_handler();
@@ -108,12 +108,12 @@ fn a_killed_daemon_leaves_the_system_as_it_found_it() {
 #[test]
 fn set_and_show_go_through_the_running_daemons_tree() {
     if v1_memory_root().is_none() && v2_memory_root().is_none() {
-        eprintln!("skipped: no memory cgroup controller");
+        pagewise_kernel::testing::skip("no memory cgroup controller");
         return;
     }
     let tree = std::path::Path::new("/run/pagewise/percpu_free_mem");
     if pagewise_reclaim_tree_owner(tree) {
-        eprintln!("skipped: a reclaimd is already running on this machine");
+        pagewise_kernel::testing::skip("a reclaimd is already running on this machine");
         return;
     }
     let guard = SettingsGuard::new_without_signal_handler();

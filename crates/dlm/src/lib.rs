@@ -93,3 +93,9 @@ pub(crate) fn fatal(args: std::fmt::Arguments<'_>) -> ! {
     unsafe { libc::write(2, buf.b.as_ptr() as *const libc::c_void, buf.n) };
     std::process::abort()
 }
+
+/// What DLM offers a user and the kernel capabilities each part uses (`pagewise doctor`).
+pub const FEATURES: &[pagewise_kernel::features::Feature] = &[pagewise_kernel::features::Feature {
+    name: "dlm_* C API",
+    needs: &[pagewise_kernel::features::Capability::Userfaultfd],
+}];

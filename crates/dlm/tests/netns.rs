@@ -62,12 +62,12 @@ fn client_and_servers_in_separate_network_namespaces() {
         return;
     }
     if Command::new("ip").arg("-V").output().is_err() {
-        eprintln!("skipped: the `ip` command (iproute2) is missing");
+        pagewise_kernel::testing::skip("the `ip` command (iproute2) is missing");
         return;
     }
     // SAFETY: no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: creating network namespaces needs root");
+        pagewise_kernel::testing::skip("creating network namespaces needs root");
         return;
     }
     let id = std::process::id() % 10_000;

@@ -76,12 +76,12 @@ fn block_userfaultfd() -> std::io::Result<()> {
 fn run(name: &str, seccomp: bool) -> Option<String> {
     // SAFETY: no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: switching to uid nobody needs root");
+        pagewise_kernel::testing::skip("switching to uid nobody needs root");
         return None;
     }
     let sysctl = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
     if !seccomp && sysctl.trim() != "0" {
-        eprintln!("skipped: vm.unprivileged_userfaultfd={} (the case needs 0)", sysctl.trim());
+        pagewise_kernel::testing::skip(format!("vm.unprivileged_userfaultfd={} (the case needs 0)", sysctl.trim()));
         return None;
     }
     let servers = [ServerProc::start("256M"), ServerProc::start("256M")];

@@ -73,8 +73,7 @@ fn guarded(f: impl FnOnce() -> i64) -> i64 {
 }
 
 fn set_errno(e: i32) {
-    // SAFETY: __errno_location returns this thread's errno slot.
-    unsafe { *libc::__errno_location() = e };
+    pagewise_kernel::error::set_errno(e);
 }
 
 fn to_config(c: &HpsConfigC) -> Result<HpsConfig, i32> {

@@ -11,7 +11,6 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
@@ -115,10 +114,8 @@ impl Budget {
                 .truncate(false)
                 .open(&self.path)
                 .map_err(|e| self.io(e))?;
-            // SAFETY: flock on an fd we own; the lock is released when the file closes.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-                return Err(self.io(std::io::Error::last_os_error()));
-            }
+            // The lock is released when the file closes.
+            pagewise_kernel::fd::lock_exclusive(&file)?;
             let same = match (file.metadata(), std::fs::metadata(&self.path)) {
                 (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
                 _ => false,

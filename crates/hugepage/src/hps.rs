@@ -2,11 +2,13 @@
 //! decision step (`sigpagesz_handler` in the seed) that promotes or compacts.
 
 use std::cell::Cell;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use pagewise_kernel::fd;
 use pagewise_kernel::mem::HUGE_PMD;
 use pagewise_kernel::signal;
 use pagewise_track::plan::PlanConfig;
@@ -139,7 +141,8 @@ struct Shared {
 pub struct Hps {
     shared: Arc<Shared>,
     tracker_thread: Option<JoinHandle<()>>,
-    service: Mutex<Option<JoinHandle<()>>>,
+    /// The service thread and the write end of its pipe (handler mode only).
+    service: Mutex<Option<(JoinHandle<()>, OwnedFd)>>,
 }
 
 thread_local! {
@@ -154,9 +157,9 @@ extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
     let value = unsafe { signal::siginfo_value(&*info) };
     let fd = HANDLER_PIPE.load(Ordering::Acquire);
     if fd >= 0 {
-        // SAFETY: write(2) is async-signal-safe; 8 bytes to a pipe are written atomically
-        // (PIPE_BUF), so the service thread never reads a torn value.
-        unsafe { libc::write(fd, &value as *const u64 as *const libc::c_void, 8) };
+        // Async-signal-safe; 8 bytes to a pipe are written atomically (PIPE_BUF), so the
+        // service thread never reads a torn value.
+        let _ = fd::write_signal_safe(fd, &value.to_ne_bytes());
     }
 }
 
@@ -208,12 +211,8 @@ impl Hps {
     }
 
     fn start_service(&self) -> Result<()> {
-        let mut fds = [0i32; 2];
-        // SAFETY: fds is a valid out-array of two ints.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            return Err(Error::Io { path: "pipe2".into(), source: std::io::Error::last_os_error() });
-        }
-        HANDLER_PIPE.store(fds[1], Ordering::Release);
+        let (read_end, write_end) = fd::pipe()?;
+        HANDLER_PIPE.store(write_end.as_raw_fd(), Ordering::Release);
         signal::install_handler(self.shared.sig, on_signal)?;
         let s = self.shared.clone();
         let (tx, rx) = std::sync::mpsc::channel();
@@ -224,26 +223,25 @@ impl Hps {
                 let _ = tx.send(signal::gettid());
                 let mut buf = [0u8; 8];
                 loop {
-                    // SAFETY: reading 8 bytes into buf from our pipe.
-                    let n = unsafe { libc::read(fds[0], buf.as_mut_ptr() as *mut libc::c_void, 8) };
-                    if n == 8 {
-                        let v = u64::from_ne_bytes(buf);
-                        if v == u64::MAX {
-                            break;
+                    match fd::read(&read_end, &mut buf) {
+                        Ok(8) => {
+                            if u64::from_ne_bytes(buf) == u64::MAX {
+                                break;
+                            }
+                            s.received.fetch_add(1, Ordering::Relaxed);
+                            let _ = process(&s);
                         }
-                        s.received.fetch_add(1, Ordering::Relaxed);
-                        let _ = process(&s);
-                    } else if n == 0 || (n < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR)) {
-                        break;
+                        // End of file (the write end closed) or a failed read: stop serving.
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {}
                     }
                 }
-                // SAFETY: closing the read end we own.
-                unsafe { libc::close(fds[0]) };
+                // Dropping read_end closes it.
             })
             .map_err(|e| Error::Io { path: "thread spawn".into(), source: e })?;
         let tid = rx.recv().map_err(|_| Error::Invalid("service thread died".into()))?;
         self.shared.target_tid.store(tid, Ordering::Release);
-        *self.service.lock().expect("service lock") = Some(handle);
+        *self.service.lock().expect("service lock") = Some((handle, write_end));
         Ok(())
     }
 
@@ -431,15 +429,11 @@ impl Drop for Hps {
         if let Some(t) = self.tracker_thread.take() {
             let _ = t.join();
         }
-        if let Some(h) = self.service.lock().expect("service lock").take() {
-            let fd = HANDLER_PIPE.swap(-1, Ordering::AcqRel);
+        if let Some((h, write_end)) = self.service.lock().expect("service lock").take() {
+            HANDLER_PIPE.store(-1, Ordering::Release);
             let _ = signal::reset_handler(self.shared.sig);
-            let stop = u64::MAX;
-            // SAFETY: writing 8 bytes to our pipe's write end, then closing it.
-            unsafe {
-                libc::write(fd, &stop as *const u64 as *const libc::c_void, 8);
-                libc::close(fd);
-            }
+            let _ = fd::write(&write_end, &u64::MAX.to_ne_bytes());
+            drop(write_end);
             let _ = h.join();
         }
         if let Some(b) = self.shared.budget.lock().expect("budget lock").as_ref() {

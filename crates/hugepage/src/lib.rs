@@ -68,3 +68,12 @@ impl Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+use pagewise_kernel::features::{Capability, Feature};
+
+/// What HPS offers a user and the kernel capabilities each part uses (`pagewise doctor`).
+pub const FEATURES: &[Feature] = &[
+    Feature { name: "hps_* C API: tracking", needs: &[Capability::Userfaultfd] },
+    Feature { name: "hps_* C API: promotion", needs: &[Capability::MadvCollapseShmem, Capability::ThpShmemEnabled] },
+    Feature { name: "hps_huge_alloc", needs: &[Capability::HugetlbSizesKb, Capability::MadvCollapseShmem] },
+];

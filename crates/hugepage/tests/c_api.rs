@@ -7,7 +7,7 @@ use std::process::Command;
 #[test]
 fn c_program_uses_the_hps_api() {
     if pagewise_kernel::uffd::UffdBuilder::new().require(pagewise_kernel::uffd::feature::MINOR_SHMEM).open().is_err() {
-        eprintln!("skipped: userfaultfd MINOR_SHMEM unavailable");
+        pagewise_kernel::testing::skip("userfaultfd MINOR_SHMEM unavailable");
         return;
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");

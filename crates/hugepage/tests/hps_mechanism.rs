@@ -18,7 +18,7 @@ fn manual(cfg: HpsConfig) -> Option<Hps> {
             Some(h)
         }
         Err(e) => {
-            eprintln!("skipped: HPS needs userfaultfd MINOR_SHMEM: {e}");
+            pagewise_kernel::testing::skip(format!("HPS needs userfaultfd MINOR_SHMEM: {e}"));
             None
         }
     }

@@ -104,3 +104,10 @@ pub fn write_file(path: impl Into<PathBuf>, value: &str) -> Result<()> {
     let path = path.into();
     std::fs::write(&path, value).map_err(|source| Error::Write { path, value: value.to_string(), source })
 }
+
+/// Set the calling thread's errno: how a C API function that returns a null pointer reports
+/// why. Async-signal-safe.
+pub fn set_errno(errno: i32) {
+    // SAFETY: __errno_location returns this thread's errno slot, valid for the thread's life.
+    unsafe { *libc::__errno_location() = errno };
+}

@@ -14,6 +14,8 @@
 pub mod cgroup;
 pub mod cpu;
 pub mod error;
+pub mod fd;
+pub mod features;
 pub mod guard;
 pub mod mem;
 pub mod page_idle;
@@ -22,6 +24,7 @@ pub mod pagemap_scan;
 pub mod probe;
 pub mod procfs;
 pub mod signal;
+pub mod testing;
 pub mod thp;
 pub mod tracefs;
 pub mod uffd;

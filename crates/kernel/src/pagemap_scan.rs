@@ -148,7 +148,10 @@ mod tests {
 
     #[test]
     fn finds_exactly_the_present_pages() {
-        let Ok(scanner) = PagemapScanner::open(Pid::SelfProcess) else { return };
+        let scanner = match PagemapScanner::open(Pid::SelfProcess) {
+            Ok(s) => s,
+            Err(e) => return crate::testing::skip(format!("cannot open /proc/self/pagemap: {e}")),
+        };
         let m = Mapping::anonymous(64 * 4096, &Default::default()).unwrap();
         for i in [3usize, 4, 40] {
             // SAFETY: our own mapping.
@@ -158,7 +161,7 @@ mod tests {
         let regions = match scanner.scan_all(m.addr(), m.addr() + m.len(), &q) {
             Ok(r) => r,
             Err(e) if e.errno() == Some(libc::ENOTTY) || e.errno() == Some(libc::EINVAL) => {
-                eprintln!("skipped: PAGEMAP_SCAN unsupported: {e}");
+                crate::testing::skip(format!("PAGEMAP_SCAN unsupported: {e}"));
                 return;
             }
             Err(e) => panic!("{e}"),

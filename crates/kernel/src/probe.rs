@@ -8,6 +8,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::error::{read_trimmed, Error};
+use crate::features::{self, Capability};
 use crate::mem::{ftruncate, memfd_create, Advice, MapOptions, Mapping, HUGE_PMD};
 use crate::{cgroup, pagemap_scan, thp, tracefs, uffd};
 
@@ -30,8 +31,6 @@ pub struct Feature {
     pub value: serde_json::Value,
     /// Why, in words.
     pub detail: String,
-    /// The Pagewise features that need it.
-    pub used_by: &'static [&'static str],
 }
 
 /// Every probed feature, by stable snake_case key (the JSON of `pagewise doctor --json`).
@@ -39,37 +38,36 @@ pub struct Feature {
 pub struct Capabilities {
     pub kernel_release: String,
     pub root: bool,
-    pub features: Vec<(&'static str, Feature)>,
+    pub features: Vec<(Capability, Feature)>,
 }
 
 impl Capabilities {
     pub fn get(&self, key: &str) -> Option<&Feature> {
-        self.features.iter().find(|(k, _)| *k == key).map(|(_, f)| f)
+        self.features.iter().find(|(k, _)| k.key() == key).map(|(_, f)| f)
     }
 
     pub fn present(&self, key: &str) -> bool {
         self.get(key).is_some_and(|f| f.status == Status::Present)
     }
 
-    /// The flat JSON object: `{"kernel_release": .., "root": .., "thp_enabled": {..}, ...}`.
-    pub fn to_json(&self) -> serde_json::Value {
+    /// The flat JSON object: `{"kernel_release": .., "root": .., "thp_enabled": {..}, ...}`,
+    /// each capability with `used_by`: the features of `registry` that need it
+    /// ([`features::users`]).
+    pub fn to_json(&self, registry: &[&[features::Feature]]) -> serde_json::Value {
         let mut map = serde_json::Map::new();
         map.insert("kernel_release".into(), self.kernel_release.clone().into());
         map.insert("root".into(), self.root.into());
         for (k, f) in &self.features {
-            map.insert((*k).into(), serde_json::to_value(f).expect("feature serialises"));
+            let mut v = serde_json::to_value(f).expect("feature serialises");
+            v["used_by"] = features::users(registry, *k).into();
+            map.insert(k.key().into(), v);
         }
         serde_json::Value::Object(map)
     }
 }
 
-fn feature(
-    status: Status,
-    value: serde_json::Value,
-    detail: impl Into<String>,
-    used_by: &'static [&'static str],
-) -> Feature {
-    Feature { status, value, detail: detail.into(), used_by }
+fn feature(status: Status, value: serde_json::Value, detail: impl Into<String>) -> Feature {
+    Feature { status, value, detail: detail.into() }
 }
 
 fn from_err(e: &Error) -> Status {
@@ -80,47 +78,40 @@ fn from_err(e: &Error) -> Status {
     }
 }
 
-const HPS: &[&str] = &["hps"];
-const HPS_PROMOTE: &[&str] = &["hps promotion", "hp_alloc"];
-const RECLAIM: &[&str] = &["reclaimd", "reclaim stat"];
-
 /// Probe everything. Never panics on a missing file; changes no setting.
 pub fn probe() -> Capabilities {
-    let mut f: Vec<(&'static str, Feature)> = Vec::new();
+    let mut f: Vec<(Capability, Feature)> = Vec::new();
     let kernel_release = read_trimmed("/proc/sys/kernel/osrelease").unwrap_or_else(|_| "unknown".into());
     // SAFETY: no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
 
     f.push((
-        "thp_enabled",
+        Capability::ThpEnabled,
         match thp::ThpSetting::Enabled.read() {
             Ok(s) => feature(
                 if s.active == "never" { Status::Unusable } else { Status::Present },
                 s.active.clone().into(),
                 format!("transparent_hugepage/enabled = {} (choices {})", s.active, s.choices.join(" ")),
-                &["thp baselines", "hps promotion", "hp_alloc"],
             ),
-            Err(e) => {
-                feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["thp baselines", "hps promotion"])
-            }
+            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string()),
         },
     ));
     f.push((
-        "thp_defrag",
+        Capability::ThpDefrag,
         match thp::ThpSetting::Defrag.read() {
-            Ok(s) => feature(Status::Present, s.active.clone().into(), format!("defrag = {}", s.active), HPS_PROMOTE),
-            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), HPS_PROMOTE),
+            Ok(s) => feature(Status::Present, s.active.clone().into(), format!("defrag = {}", s.active)),
+            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string()),
         },
     ));
     f.push((
-        "thp_shmem_enabled",
+        Capability::ThpShmemEnabled,
         match thp::ThpSetting::ShmemEnabled.read() {
-            Ok(s) => feature(Status::Present, s.active.clone().into(), format!("shmem_enabled = {}", s.active), HPS),
-            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), HPS),
+            Ok(s) => feature(Status::Present, s.active.clone().into(), format!("shmem_enabled = {}", s.active)),
+            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string()),
         },
     ));
     f.push((
-        "mthp_sizes_kb",
+        Capability::MthpSizesKb,
         match thp::mthp_sizes() {
             Ok(sizes) if !sizes.is_empty() => feature(
                 Status::Present,
@@ -134,19 +125,13 @@ pub fn probe() -> Capabilities {
                     })
                     .collect::<Vec<_>>()
                     .join(", "),
-                &["hp_alloc"],
             ),
-            Ok(_) => feature(
-                Status::Absent,
-                serde_json::Value::Null,
-                "no hugepages-<size> directories (Linux < 6.8)",
-                &["hp_alloc"],
-            ),
-            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["hp_alloc"]),
+            Ok(_) => feature(Status::Absent, serde_json::Value::Null, "no hugepages-<size> directories (Linux < 6.8)"),
+            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string()),
         },
     ));
     f.push((
-        "hugetlb_sizes_kb",
+        Capability::HugetlbSizesKb,
         match thp::HugetlbPool::all() {
             Ok(pools) if !pools.is_empty() => feature(
                 Status::Present,
@@ -156,83 +141,65 @@ pub fn probe() -> Capabilities {
                     .map(|p| format!("{}K: {} reserved, {} free", p.page_size / 1024, p.nr_hugepages, p.free_hugepages))
                     .collect::<Vec<_>>()
                     .join("; "),
-                &["hps compaction arena", "hp_alloc"],
             ),
-            Ok(_) => {
-                feature(Status::Absent, serde_json::Value::Null, "no hugetlb page sizes", &["hps compaction arena"])
-            }
-            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["hps compaction arena"]),
+            Ok(_) => feature(Status::Absent, serde_json::Value::Null, "no hugetlb page sizes"),
+            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string()),
         },
     ));
-    f.push(("madv_collapse", probe_collapse(false)));
-    f.push(("madv_collapse_shmem", probe_collapse(true)));
-    f.push(("process_madvise", probe_process_madvise()));
-    f.push(("userfaultfd", probe_uffd(root)));
+    f.push((Capability::MadvCollapse, probe_collapse(false)));
+    f.push((Capability::MadvCollapseShmem, probe_collapse(true)));
+    f.push((Capability::ProcessMadvise, probe_process_madvise()));
+    f.push((Capability::Userfaultfd, probe_uffd(root)));
     f.push((
-        "page_idle",
+        Capability::PageIdle,
         if crate::page_idle::available() {
             match crate::page_idle::PageIdle::open() {
-                Ok(_) => feature(
-                    Status::Present,
-                    serde_json::Value::Null,
-                    "idle page tracking bitmap readable",
-                    &["hps tracker (any process)"],
-                ),
-                Err(e) => {
-                    feature(Status::Unusable, serde_json::Value::Null, e.to_string(), &["hps tracker (any process)"])
-                }
+                Ok(_) => feature(Status::Present, serde_json::Value::Null, "idle page tracking bitmap readable"),
+                Err(e) => feature(Status::Unusable, serde_json::Value::Null, e.to_string()),
             }
         } else {
             feature(
                 Status::Absent,
                 serde_json::Value::Null,
                 "no /sys/kernel/mm/page_idle (CONFIG_IDLE_PAGE_TRACKING off)",
-                &["hps tracker (any process)"],
             )
         },
     ));
     let (vaddr, paddr) = probe_damon();
-    f.push(("damon_vaddr", vaddr));
-    f.push(("damon_paddr", paddr));
-    f.push(("pagemap_scan", probe_pagemap_scan()));
-    f.push(("soft_dirty", probe_soft_dirty()));
+    f.push((Capability::DamonVaddr, vaddr));
+    f.push((Capability::DamonPaddr, paddr));
+    f.push((Capability::PagemapScan, probe_pagemap_scan()));
+    f.push((Capability::SoftDirty, probe_soft_dirty()));
     f.push((
-        "kpageflags",
+        Capability::Kpageflags,
         match std::fs::File::open("/proc/kpageflags") {
-            Ok(_) => feature(Status::Present, serde_json::Value::Null, "/proc/kpageflags readable", &["hps report"]),
+            Ok(_) => feature(Status::Present, serde_json::Value::Null, "/proc/kpageflags readable"),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                feature(Status::Absent, serde_json::Value::Null, "no /proc/kpageflags", &["hps report"])
+                feature(Status::Absent, serde_json::Value::Null, "no /proc/kpageflags")
             }
-            Err(e) => {
-                feature(Status::Unusable, serde_json::Value::Null, format!("/proc/kpageflags: {e}"), &["hps report"])
-            }
+            Err(e) => feature(Status::Unusable, serde_json::Value::Null, format!("/proc/kpageflags: {e}")),
         },
     ));
     f.push((
-        "cgroup_v1_memory",
+        Capability::CgroupV1Memory,
         match cgroup::v1_memory_root() {
             Some(p) => feature(
                 Status::Present,
                 p.display().to_string().into(),
                 format!("memory controller mounted at {}", p.display()),
-                RECLAIM,
             ),
-            None => feature(
-                Status::Absent,
-                serde_json::Value::Null,
-                "no cgroup v1 hierarchy with the memory controller",
-                RECLAIM,
-            ),
+            None => {
+                feature(Status::Absent, serde_json::Value::Null, "no cgroup v1 hierarchy with the memory controller")
+            }
         },
     ));
     f.push((
-        "cgroup_v2_memory",
+        Capability::CgroupV2Memory,
         match (cgroup::v2_memory_root(), cgroup::v2_root()) {
             (Some(p), _) => feature(
                 Status::Present,
                 p.display().to_string().into(),
                 format!("memory controller in {}", p.display()),
-                &["reclaimd memory.reclaim", "reclaim scopes"],
             ),
             (None, Some(p)) => feature(
                 Status::Absent,
@@ -241,75 +208,51 @@ pub fn probe() -> Capabilities {
                     "cgroup2 at {} has no memory controller (it is bound to the v1 hierarchy): no memory.reclaim",
                     p.display()
                 ),
-                &["reclaimd memory.reclaim"],
             ),
-            (None, None) => {
-                feature(Status::Absent, serde_json::Value::Null, "no cgroup2 mount", &["reclaimd memory.reclaim"])
-            }
+            (None, None) => feature(Status::Absent, serde_json::Value::Null, "no cgroup2 mount"),
         },
     ));
     f.push((
-        "psi",
+        Capability::Psi,
         match read_trimmed("/proc/pressure/memory") {
-            Ok(_) => feature(
-                Status::Present,
-                serde_json::Value::Null,
-                "/proc/pressure/{cpu,io,memory}",
-                &["reclaimd wake-up"],
-            ),
-            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["reclaimd wake-up"]),
+            Ok(_) => feature(Status::Present, serde_json::Value::Null, "/proc/pressure/{cpu,io,memory}"),
+            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string()),
         },
     ));
-    f.push(("tracefs_vmscan", probe_tracefs()));
+    f.push((Capability::TracefsVmscan, probe_tracefs()));
     f.push((
-        "swap",
+        Capability::Swap,
         match read_trimmed("/proc/swaps") {
             Ok(t) => {
                 let devices = t.lines().skip(1).filter(|l| !l.trim().is_empty()).count();
                 if devices == 0 {
-                    feature(
-                        Status::Absent,
-                        0.into(),
-                        "no swap devices: anonymous memory cannot be reclaimed",
-                        &["reclaim experiments"],
-                    )
+                    feature(Status::Absent, 0.into(), "no swap devices: anonymous memory cannot be reclaimed")
                 } else {
-                    feature(
-                        Status::Present,
-                        devices.into(),
-                        format!("{devices} swap device(s)"),
-                        &["reclaim experiments"],
-                    )
+                    feature(Status::Present, devices.into(), format!("{devices} swap device(s)"))
                 }
             }
-            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["reclaim experiments"]),
+            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string()),
         },
     ));
     f.push((
-        "zoneinfo_watermarks",
+        Capability::ZoneinfoWatermarks,
         match crate::procfs::read_zoneinfo() {
             Ok(z) => feature(
                 Status::Present,
                 serde_json::Value::Null,
                 format!("{} zones with min/low/high", z.iter().filter(|z| z.is_populated()).count()),
-                RECLAIM,
             ),
-            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), RECLAIM),
+            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string()),
         },
     ));
     f.push((
-        "online_cpus",
+        Capability::OnlineCpus,
         match crate::cpu::online_cpus() {
-            Ok(c) => feature(
-                Status::Present,
-                crate::cpu::format_cpulist(&c).into(),
-                format!("{} online", c.len()),
-                &["reclaimd per-core roles"],
-            ),
-            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), &["reclaimd per-core roles"]),
+            Ok(c) => feature(Status::Present, crate::cpu::format_cpulist(&c).into(), format!("{} online", c.len())),
+            Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string()),
         },
     ));
-    f.push(("mlock_limit_kb", {
+    f.push((Capability::MlockLimitKb, {
         let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         // SAFETY: lim is writable.
         unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) };
@@ -327,15 +270,12 @@ pub fn probe() -> Capabilities {
             } else {
                 "RLIMIT_MEMLOCK limits mlockall of a protected task".to_string()
             },
-            &["reclaim protected task"],
         )
     }));
     Capabilities { kernel_release, root, features: f }
 }
 
 fn probe_collapse(shmem: bool) -> Feature {
-    let used_by: &'static [&'static str] =
-        if shmem { &["hps tracked arena promotion"] } else { &["hps promotion", "hp_alloc"] };
     let mapping = if shmem {
         memfd_create("pagewise-probe", None).and_then(|fd| {
             ftruncate(&fd, HUGE_PMD as u64)?;
@@ -346,50 +286,42 @@ fn probe_collapse(shmem: bool) -> Feature {
     };
     let m = match mapping {
         Ok(m) => m,
-        Err(e) => return feature(Status::Unusable, serde_json::Value::Null, e.to_string(), used_by),
+        Err(e) => return feature(Status::Unusable, serde_json::Value::Null, e.to_string()),
     };
     // SAFETY: the probe's own fresh mapping.
     unsafe { crate::mem::touch_pages(m.addr(), m.len()) };
     match m.advise(Advice::Collapse) {
         Ok(()) => {
             let what = if shmem { "memfd" } else { "anonymous" };
-            feature(Status::Present, true.into(), format!("collapsed a 2 MiB {what} region synchronously"), used_by)
+            feature(Status::Present, true.into(), format!("collapsed a 2 MiB {what} region synchronously"))
         }
         Err(e) if e.errno() == Some(libc::EINVAL) => feature(
             Status::Absent,
             false.into(),
             format!("{e} (needs Linux 6.1{})", if shmem { " and shmem THP" } else { "" }),
-            used_by,
         ),
-        Err(e) => {
-            feature(Status::Unusable, false.into(), format!("{e} (no free hugepage? memory fragmented?)"), used_by)
-        }
+        Err(e) => feature(Status::Unusable, false.into(), format!("{e} (no free hugepage? memory fragmented?)")),
     }
 }
 
 fn probe_process_madvise() -> Feature {
-    let used_by: &'static [&'static str] = &["pagewise hps run (unmodified programs)", "reclaim of other processes"];
     let pidfd = match crate::mem::pidfd_open(std::process::id() as i32) {
         Ok(p) => p,
-        Err(e) => return feature(from_err(&e), serde_json::Value::Null, e.to_string(), used_by),
+        Err(e) => return feature(from_err(&e), serde_json::Value::Null, e.to_string()),
     };
     let m = match Mapping::anonymous(4096, &MapOptions::default()) {
         Ok(m) => m,
-        Err(e) => return feature(Status::Unusable, serde_json::Value::Null, e.to_string(), used_by),
+        Err(e) => return feature(Status::Unusable, serde_json::Value::Null, e.to_string()),
     };
     match crate::mem::process_madvise(&pidfd, &[(m.addr(), 4096)], Advice::Cold) {
-        Ok(_) => feature(
-            Status::Present,
-            serde_json::Value::Null,
-            "MADV_COLD/PAGEOUT/COLLAPSE on other processes via pidfd",
-            used_by,
-        ),
-        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), used_by),
+        Ok(_) => {
+            feature(Status::Present, serde_json::Value::Null, "MADV_COLD/PAGEOUT/COLLAPSE on other processes via pidfd")
+        }
+        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string()),
     }
 }
 
 fn probe_uffd(root: bool) -> Feature {
-    let used_by: &'static [&'static str] = &["dlm fault handling", "hps tracked arena"];
     match uffd::api_info() {
         Ok(info) => {
             let sysctl = read_trimmed("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
@@ -405,15 +337,9 @@ fn probe_uffd(root: bool) -> Feature {
                         "; non-root processes get the SIGSEGV fallback unless /dev/userfaultfd is accessible".into()
                     }
                 ),
-                used_by,
             )
         }
-        Err(e) => feature(
-            from_err(&e),
-            serde_json::Value::Null,
-            format!("{e}; DLM falls back to PROT_NONE + SIGSEGV"),
-            used_by,
-        ),
+        Err(e) => feature(from_err(&e), serde_json::Value::Null, format!("{e}; DLM falls back to PROT_NONE + SIGSEGV")),
     }
 }
 
@@ -421,10 +347,9 @@ fn probe_uffd(root: bool) -> Feature {
 /// kdamond is already running. A running kdamond belongs to someone else: reported busy, never
 /// written to.
 fn probe_damon() -> (Feature, Feature) {
-    let used_by: &'static [&'static str] = &["hps tracker (region sampling)"];
     let admin = Path::new("/sys/kernel/mm/damon/admin/kdamonds");
     if !admin.exists() {
-        let f = feature(Status::Absent, serde_json::Value::Null, "no DAMON sysfs interface", used_by);
+        let f = feature(Status::Absent, serde_json::Value::Null, "no DAMON sysfs interface");
         return (f.clone(), f);
     }
     let nr: usize = read_trimmed(admin.join("nr_kdamonds")).ok().and_then(|v| v.parse().ok()).unwrap_or(0);
@@ -456,7 +381,6 @@ fn probe_damon() -> (Feature, Feature) {
                 Status::Absent,
                 serde_json::Value::Null,
                 format!("operation set {name} not offered (avail: {})", ops.join(" ")),
-                used_by,
             )
         } else if !busy.is_empty() || !ops_known {
             let detail = if ops_known {
@@ -464,9 +388,9 @@ fn probe_damon() -> (Feature, Feature) {
             } else {
                 format!("no context to read avail_operations from; {busy_text}")
             };
-            feature(Status::Unusable, serde_json::Value::Null, detail, used_by)
+            feature(Status::Unusable, serde_json::Value::Null, detail)
         } else {
-            feature(Status::Present, serde_json::Value::Null, format!("{name} offered; {busy_text}"), used_by)
+            feature(Status::Present, serde_json::Value::Null, format!("{name} offered; {busy_text}"))
         }
     };
     (one("vaddr"), one("paddr"))
@@ -476,45 +400,42 @@ fn probe_damon() -> (Feature, Feature) {
 /// the kernel tracks soft-dirty, so look at the bit itself: a freshly written page of a kernel
 /// with soft-dirty has pagemap bit 55 set.
 fn probe_soft_dirty() -> Feature {
-    let used_by: &'static [&'static str] = &["hps tracker (writes, any process)"];
     let m = match Mapping::anonymous(4096, &MapOptions::default()) {
         Ok(m) => m,
-        Err(e) => return feature(Status::Unusable, serde_json::Value::Null, e.to_string(), used_by),
+        Err(e) => return feature(Status::Unusable, serde_json::Value::Null, e.to_string()),
     };
     // SAFETY: the probe's own fresh mapping.
     unsafe { crate::mem::touch_pages(m.addr(), m.len()) };
     match crate::procfs::Pagemap::open(crate::procfs::Pid::SelfProcess).and_then(|p| p.read_raw(m.addr(), 1)) {
         Ok(e) if e[0] & crate::procfs::PAGEMAP_SOFT_DIRTY != 0 => {
-            feature(Status::Present, serde_json::Value::Null, "written pages show the soft-dirty bit", used_by)
+            feature(Status::Present, serde_json::Value::Null, "written pages show the soft-dirty bit")
         }
         Ok(_) => feature(
             Status::Absent,
             serde_json::Value::Null,
             "a written page has no soft-dirty bit (CONFIG_MEM_SOFT_DIRTY off); PAGEMAP_SCAN covers writes",
-            used_by,
         ),
-        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string(), used_by),
+        Err(e) => feature(from_err(&e), serde_json::Value::Null, e.to_string()),
     }
 }
 
 fn probe_pagemap_scan() -> Feature {
-    let used_by: &'static [&'static str] = &["dlm dirty tracking (WP_ASYNC)", "hps tracker (writes)"];
     let scanner = match pagemap_scan::PagemapScanner::open(crate::procfs::Pid::SelfProcess) {
         Ok(s) => s,
-        Err(e) => return feature(from_err(&e), serde_json::Value::Null, e.to_string(), used_by),
+        Err(e) => return feature(from_err(&e), serde_json::Value::Null, e.to_string()),
     };
     let m = match Mapping::anonymous(4096, &MapOptions::default()) {
         Ok(m) => m,
-        Err(e) => return feature(Status::Unusable, serde_json::Value::Null, e.to_string(), used_by),
+        Err(e) => return feature(Status::Unusable, serde_json::Value::Null, e.to_string()),
     };
     let q = pagemap_scan::ScanQuery { required: pagemap_scan::category::PRESENT, ..Default::default() };
     let mut out = Vec::with_capacity(4);
     match scanner.scan(m.addr(), m.addr() + 4096, &q, &mut out) {
-        Ok(_) => feature(Status::Present, serde_json::Value::Null, "ioctl(PAGEMAP_SCAN) works (Linux 6.7)", used_by),
+        Ok(_) => feature(Status::Present, serde_json::Value::Null, "ioctl(PAGEMAP_SCAN) works (Linux 6.7)"),
         Err(e) if matches!(e.errno(), Some(libc::ENOTTY) | Some(libc::EINVAL)) => {
-            feature(Status::Absent, serde_json::Value::Null, format!("{e} (needs Linux 6.7)"), used_by)
+            feature(Status::Absent, serde_json::Value::Null, format!("{e} (needs Linux 6.7)"))
         }
-        Err(e) => feature(Status::Unusable, serde_json::Value::Null, e.to_string(), used_by),
+        Err(e) => feature(Status::Unusable, serde_json::Value::Null, e.to_string()),
     }
 }
 
@@ -542,11 +463,10 @@ fn probe_tracefs() -> Feature {
             status,
             have.clone().into(),
             format!("tracefs at {}, {}/{} vmscan events", root.display(), have.len(), events.len()),
-            RECLAIM,
         );
     }
     if !tracefs::supported() {
-        return feature(Status::Absent, serde_json::Value::Null, "kernel has no tracefs", RECLAIM);
+        return feature(Status::Absent, serde_json::Value::Null, "kernel has no tracefs");
     }
     // Not mounted, and the doctor does not mount: look for the tracepoints in kallsyms.
     let have: Vec<&str> = std::fs::read_to_string("/proc/kallsyms")
@@ -565,7 +485,6 @@ fn probe_tracefs() -> Feature {
             Status::Unusable,
             serde_json::Value::Null,
             "tracefs not mounted and tracepoints not visible in /proc/kallsyms",
-            RECLAIM,
         );
     }
     let status = if have.len() == events.len() { Status::Present } else { Status::Unusable };
@@ -577,7 +496,6 @@ fn probe_tracefs() -> Feature {
             have.len(),
             events.len()
         ),
-        RECLAIM,
     )
 }
 
@@ -586,9 +504,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn probe_reports_every_capability_once_in_order() {
+        let caps = probe();
+        let keys: Vec<Capability> = caps.features.iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys, Capability::ALL.to_vec());
+    }
+
+    #[test]
     fn probe_never_panics_and_keys_are_stable() {
         let caps = probe();
-        let json = caps.to_json();
+        const REG: &[features::Feature] =
+            &[features::Feature { name: "t", needs: &[Capability::Swap, Capability::Userfaultfd] }];
+        let json = caps.to_json(&[REG]);
+        assert_eq!(json["swap"]["used_by"], serde_json::json!(["t"]));
+        assert_eq!(json["psi"]["used_by"], serde_json::json!([]));
         for key in [
             "thp_enabled",
             "madv_collapse",

@@ -238,7 +238,7 @@ mod tests {
     #[test]
     fn reads_this_machine() {
         if !Path::new(THP_DIR).exists() {
-            eprintln!("skipped: no THP sysfs on this kernel");
+            crate::testing::skip("no THP sysfs on this kernel");
             return;
         }
         let mode = ThpSetting::Enabled.read().unwrap();

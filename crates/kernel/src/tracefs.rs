@@ -263,14 +263,14 @@ mod tests {
     #[test]
     fn instance_records_vmscan_events_with_cpu() {
         if !supported() {
-            eprintln!("skipped: no tracefs");
+            crate::testing::skip("no tracefs");
             return;
         }
         let guard = SettingsGuard::new_without_signal_handler();
         let inst = match Instance::create(&guard) {
             Ok(i) => i,
             Err(e) => {
-                eprintln!("skipped: cannot create a trace instance: {e}");
+                crate::testing::skip(format!("cannot create a trace instance: {e}"));
                 return;
             }
         };
@@ -288,13 +288,13 @@ mod tests {
     #[test]
     fn concurrent_users_keep_the_mount_until_the_last_leaves() {
         if !supported() {
-            eprintln!("skipped: no tracefs");
+            crate::testing::skip("no tracefs");
             return;
         }
         let first = SettingsGuard::new_without_signal_handler();
         let second = SettingsGuard::new_without_signal_handler();
         let (Ok(a), Ok(b)) = (Instance::create(&first), Instance::create(&second)) else {
-            eprintln!("skipped: cannot create trace instances");
+            crate::testing::skip("cannot create trace instances");
             return;
         };
         let b_dir = b.dir().to_path_buf();

@@ -483,7 +483,7 @@ mod tests {
         match UffdBuilder::new().require(features).open() {
             Ok(u) => Some(u),
             Err(e) => {
-                eprintln!("skipped: userfaultfd unavailable: {e}");
+                crate::testing::skip(format!("userfaultfd unavailable: {e}"));
                 None
             }
         }
@@ -554,7 +554,10 @@ mod tests {
 
     #[test]
     fn api_info_lists_features_by_name() {
-        let Ok(info) = api_info() else { return };
+        let info = match api_info() {
+            Ok(i) => i,
+            Err(e) => return crate::testing::skip(format!("userfaultfd unavailable: {e}")),
+        };
         assert_eq!(
             info.feature_names.len(),
             info.features.count_ones() as usize - (info.features >> 17).count_ones() as usize

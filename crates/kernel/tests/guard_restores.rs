@@ -20,7 +20,7 @@ fn can_change_settings() -> bool {
     let root = unsafe { libc::geteuid() } == 0;
     let writable = std::fs::metadata(ThpSetting::Enabled.path()).is_ok();
     if !root || !writable {
-        eprintln!("skipped: needs root and THP sysfs");
+        pagewise_kernel::testing::skip("needs root and THP sysfs");
     }
     root && writable
 }

@@ -22,3 +22,20 @@ pub mod daemon;
 pub mod policy;
 pub mod stats;
 pub mod tree;
+
+use pagewise_kernel::features::{Capability, Feature};
+
+/// What this crate offers a user and the kernel capabilities each part uses (`pagewise doctor`).
+pub const FEATURES: &[Feature] = &[
+    Feature {
+        name: "pagewise reclaimd (cgroup scope)",
+        needs: &[Capability::CgroupV1Memory, Capability::CgroupV2Memory, Capability::Psi, Capability::OnlineCpus],
+    },
+    Feature {
+        name: "pagewise reclaimd (system scope)",
+        needs: &[Capability::ZoneinfoWatermarks, Capability::Psi, Capability::OnlineCpus],
+    },
+    Feature { name: "pagewise reclaim show", needs: &[Capability::ZoneinfoWatermarks] },
+    Feature { name: "pagewise reclaim stat", needs: &[Capability::TracefsVmscan] },
+    Feature { name: "pw_reclaim_protect_self", needs: &[Capability::OnlineCpus, Capability::MlockLimitKb] },
+];

@@ -119,9 +119,7 @@ impl Tree {
 /// The pid of the live daemon owning `dir`, if any.
 pub fn running_daemon(dir: &Path) -> Option<i32> {
     let pid: i32 = std::fs::read_to_string(dir.join("daemon.pid")).ok()?.trim().parse().ok()?;
-    // SAFETY: signal 0 only checks existence.
-    let alive = unsafe { libc::kill(pid, 0) } == 0;
-    alive.then_some(pid)
+    pagewise_kernel::signal::process_alive(pid).then_some(pid)
 }
 
 /// Read the tree: every cpuN file and the global value.

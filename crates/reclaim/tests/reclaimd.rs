@@ -28,7 +28,7 @@ fn usable() -> bool {
     let cpus = pagewise_kernel::cpu::online_cpus().map(|c| c.len()).unwrap_or(0);
     if cpus < 2 || (v1_memory_root().is_none() && v2_memory_root().is_none()) || !pagewise_kernel::tracefs::supported()
     {
-        eprintln!("skipped: needs 2 CPUs, a memory cgroup controller and tracefs");
+        pagewise_kernel::testing::skip("needs 2 CPUs, a memory cgroup controller and tracefs");
         return false;
     }
     true
@@ -324,7 +324,7 @@ fn the_guard_restores_every_setting_and_the_tree_goes_away() {
 fn system_scope_drops_cold_file_cache_from_the_reclaim_core_and_restores_kswapd() {
     let _serial = serial();
     if pagewise_kernel::cpu::online_cpus().map(|c| c.len()).unwrap_or(0) < 2 {
-        eprintln!("skipped: needs 2 CPUs");
+        pagewise_kernel::testing::skip("needs 2 CPUs");
         return;
     }
     // Core 0's thresholds (1 TiB) above all the memory there is: the worker is always below its low

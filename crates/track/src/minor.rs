@@ -15,7 +15,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pagewise_kernel::mem::{self, Advice};
 use pagewise_kernel::uffd::{self, feature, Event, RegisterMode, Uffd, UffdBuilder};
@@ -470,12 +470,16 @@ fn retire_slot(start: usize) {
 }
 
 fn serve(inner: &Inner) {
-    let mut pfd = libc::pollfd { fd: inner.uffd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
     while !inner.stop.load(Ordering::Acquire) {
-        // SAFETY: pfd is one valid pollfd; a 50 ms timeout lets the loop see `stop`.
-        let n = unsafe { libc::poll(&mut pfd, 1, 50) };
-        if n <= 0 {
-            continue;
+        // A 50 ms timeout lets the loop see `stop`.
+        match pagewise_kernel::fd::poll_readable(&inner.uffd, Duration::from_millis(50)) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            // Not expected for an open userfaultfd; wait out the period rather than spin.
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
         }
         loop {
             match inner.uffd.read_event() {

@@ -96,7 +96,7 @@ mod tests {
         let t = match WriteTracker::new() {
             Ok(t) => t,
             Err(e) => {
-                eprintln!("skipped: userfaultfd WP_ASYNC unavailable: {e}");
+                pagewise_kernel::testing::skip(format!("userfaultfd WP_ASYNC unavailable: {e}"));
                 return;
             }
         };

@@ -1,0 +1,145 @@
+//! File-descriptor plumbing that is not specific to one memory interface: pipes, poll(2),
+//! and advisory file locks (flock(2)).
+//!
+//! Errors name the syscall ([`Error::Syscall`]); EINTR is retried where a caller could do
+//! nothing else with it. [`write_signal_safe`] is the one function here that may be called from
+//! a signal handler.
+
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// A pipe (pipe2(2) with O_CLOEXEC): `(read end, write end)`.
+pub fn pipe() -> Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [-1 as RawFd; 2];
+    // SAFETY: fds is a valid out-array of two ints.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(Error::last_os("pipe2"));
+    }
+    // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// read(2) into `buf` once, retrying EINTR. `Ok(0)` is end of file (every write end closed).
+pub fn read(fd: impl AsFd, buf: &mut [u8]) -> Result<usize> {
+    loop {
+        // SAFETY: buf is valid for buf.len() writable bytes; the fd is borrowed, so open.
+        let n = unsafe { libc::read(fd.as_fd().as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(Error::Syscall { call: "read", source: e });
+        }
+    }
+}
+
+/// write(2) of `buf` once, retrying EINTR; returns the bytes written.
+pub fn write(fd: impl AsFd, buf: &[u8]) -> Result<usize> {
+    loop {
+        match write_signal_safe(fd.as_fd().as_raw_fd(), buf) {
+            Ok(n) => return Ok(n),
+            Err(libc::EINTR) => continue,
+            Err(errno) => {
+                return Err(Error::Syscall { call: "write", source: std::io::Error::from_raw_os_error(errno) })
+            }
+        }
+    }
+}
+
+/// write(2) of `buf` to a raw descriptor, once: `Ok(bytes written)` or `Err(errno)`.
+/// Async-signal-safe (signal-safety(7) lists write): no allocation, no lock, so a signal
+/// handler may call it. A write of at most PIPE_BUF (4096) bytes to a pipe is atomic
+/// (pipe(7)), so a reader never sees it torn. A closed or invalid `fd` gives `Err(EBADF)`.
+pub fn write_signal_safe(fd: RawFd, buf: &[u8]) -> std::result::Result<usize, i32> {
+    // SAFETY: buf is valid for buf.len() readable bytes; write(2) on an fd that is not open
+    // fails with EBADF and touches no memory of ours.
+    let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+    if n < 0 {
+        // SAFETY: __errno_location returns this thread's errno slot; reading it is signal-safe.
+        return Err(unsafe { *libc::__errno_location() });
+    }
+    Ok(n as usize)
+}
+
+/// Wait up to `timeout` for `fd` to become readable (poll(2) with POLLIN). `Ok(true)` when it
+/// is readable (or hung up: a read will then say so), `Ok(false)` on timeout or when a signal
+/// interrupted the wait (the caller loops and re-checks its own state either way).
+pub fn poll_readable(fd: impl AsFd, timeout: Duration) -> Result<bool> {
+    let mut pfd = libc::pollfd { fd: fd.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: pfd is one valid pollfd for the duration of the call.
+    let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EINTR) {
+            return Ok(false);
+        }
+        return Err(Error::Syscall { call: "poll", source: e });
+    }
+    if n > 0 && pfd.revents & libc::POLLNVAL != 0 {
+        return Err(Error::Syscall { call: "poll", source: std::io::Error::from_raw_os_error(libc::EBADF) });
+    }
+    Ok(n > 0)
+}
+
+/// Take an exclusive advisory lock on `file` (flock(2) LOCK_EX), waiting for it; EINTR is
+/// retried. The lock belongs to the open file description and is released when the last
+/// descriptor of it closes (flock(2)), so dropping the `File` unlocks.
+pub fn lock_exclusive(file: &File) -> Result<()> {
+    loop {
+        // SAFETY: flock on a descriptor the borrowed File keeps open.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(Error::Syscall { call: "flock", source: e });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pipe_carries_bytes_and_reports_end_of_file() {
+        let (r, w) = pipe().unwrap();
+        assert!(!poll_readable(&r, Duration::from_millis(1)).unwrap(), "empty pipe is not readable");
+        assert_eq!(write(&w, &42u64.to_ne_bytes()).unwrap(), 8);
+        assert!(poll_readable(&r, Duration::from_secs(5)).unwrap());
+        let mut buf = [0u8; 8];
+        assert_eq!(read(&r, &mut buf).unwrap(), 8);
+        assert_eq!(u64::from_ne_bytes(buf), 42);
+        drop(w);
+        assert!(poll_readable(&r, Duration::from_secs(5)).unwrap(), "hang-up wakes poll");
+        assert_eq!(read(&r, &mut buf).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_write_to_a_closed_descriptor_gives_ebadf() {
+        let (r, w) = pipe().unwrap();
+        let raw = w.as_raw_fd();
+        drop(r);
+        drop(w);
+        assert_eq!(write_signal_safe(raw, b"x"), Err(libc::EBADF));
+    }
+
+    #[test]
+    fn an_exclusive_lock_excludes_another_open_file_until_it_is_closed() {
+        let path = std::env::temp_dir().join(format!("pagewise-flock-{}", std::process::id()));
+        let a = File::create(&path).unwrap();
+        lock_exclusive(&a).unwrap();
+        let b = File::open(&path).unwrap();
+        // SAFETY: a non-blocking flock probe on a descriptor b keeps open.
+        let busy = unsafe { libc::flock(b.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        assert_eq!(busy, -1, "the second open file must not get the lock");
+        drop(a);
+        lock_exclusive(&b).unwrap();
+        std::fs::remove_file(&path).unwrap();
+    }
+}
