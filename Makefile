@@ -6,7 +6,7 @@ CARGO ?= cargo
 PAGEWISE := target/release/pagewise
 EVAL_FLAGS ?= --quick
 
-.PHONY: all build eval test deps fmt lint clean install uninstall test-install
+.PHONY: all build eval report test deps fmt lint clean install uninstall test-install
 
 all: build
 
@@ -25,6 +25,10 @@ build: deps
 
 eval: build
 	$(PAGEWISE) eval all $(EVAL_FLAGS)
+
+# The README's Figures section, rendered from results/*/result.json (written by `make eval`).
+report: build
+	$(PAGEWISE) eval report --readme README.md
 
 # Every test binary runs (--no-fail-fast), then the install test (dist/test-install.sh, counted
 # as one test). A test that finds a kernel feature missing calls
