@@ -434,31 +434,16 @@ impl UsageThreshold {
 
     /// Wait up to `timeout` for a crossing; true when one happened (the count is consumed).
     pub fn wait(&self, timeout: Duration) -> Result<bool> {
-        let mut pfd = libc::pollfd { fd: self.event.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if n < 0 {
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::EINTR) {
-                return Ok(false);
-            }
-            return Err(Error::Syscall { call: "poll(memory threshold eventfd)", source: err });
-        }
-        if n == 0 {
+        if !crate::fd::poll_readable(&self.event, timeout)? {
             return Ok(false);
         }
-        let mut count = 0u64;
-        // SAFETY: reads 8 bytes into a u64 we own; the fd is non-blocking.
-        let r = unsafe { libc::read(self.event.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
-        if r < 0 {
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::EAGAIN) {
-                return Ok(false);
-            }
-            return Err(Error::Syscall { call: "read(memory threshold eventfd)", source: err });
+        let mut count = [0u8; 8];
+        match crate::fd::read(&self.event, &mut count) {
+            Ok(_) => Ok(true),
+            // Non-blocking: another reader took the count first.
+            Err(e) if e.errno() == Some(libc::EAGAIN) => Ok(false),
+            Err(e) => Err(e),
         }
-        Ok(true)
     }
 }
 
