@@ -28,6 +28,9 @@ use crate::proto::{Store, REALTIME_MAXDELTA};
 pub const SLAB_PAGE: usize = 1 << 20;
 /// The largest item: header + key + value must fit one slab page.
 pub const ITEM_MAX: usize = SLAB_PAGE;
+/// Slab pages of the hot arena are one hugepage each, so a hot page given back is a hugepage
+/// given back.
+pub const HOT_PAGE: usize = HUGE_PMD;
 /// Growth factor between slab classes (memcached `-f 1.25`).
 pub const GROWTH: f64 = 1.25;
 /// The smallest chunk: header + 40 bytes (memcached: sizeof(item) + `-n 48`).
@@ -114,6 +117,7 @@ pub enum ArithResult {
 struct Class {
     size: usize,
     perslab: usize,
+    hot_perslab: usize,
     free: usize,
     nfree: usize,
     free_hot: usize,
@@ -250,7 +254,7 @@ impl Cache {
         };
         let classes = class_sizes()
             .into_iter()
-            .map(|size| Class { size, perslab: SLAB_PAGE / size, ..Default::default() })
+            .map(|size| Class { size, perslab: SLAB_PAGE / size, hot_perslab: HOT_PAGE / size, ..Default::default() })
             .collect();
         let start_unix = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
         Ok(Cache {
@@ -480,7 +484,7 @@ impl Cache {
             self.h(it).h_next = self.classes[c].free_hot;
             self.classes[c].free_hot = it;
             self.classes[c].nfree_hot += 1;
-            if let Some(p) = self.hot.get_mut(&(it & !(SLAB_PAGE - 1))) {
+            if let Some(p) = self.hot.get_mut(&(it & !(HOT_PAGE - 1))) {
                 p.used -= 1;
             }
         } else {
@@ -895,7 +899,7 @@ impl Cache {
         for &(page, cls) in &pages {
             let c = cls as usize;
             let size = self.classes[c].size;
-            for i in 0..self.classes[c].perslab {
+            for i in 0..self.classes[c].hot_perslab {
                 let it = page + i * size;
                 let h = self.h(it);
                 if h.iflags & LINKED != 0 && h.iflags & HOT != 0 && h.atime < horizon && self.move_item(it, false) {
@@ -904,7 +908,69 @@ impl Cache {
             }
         }
         self.release_empty_hot_pages();
+        for c in 0..self.classes.len() {
+            self.defrag_hot(c);
+        }
+        self.release_empty_hot_pages();
         moved
+    }
+
+    /// Pack class `c`'s hot items onto as few hot pages as they need: empty the least used
+    /// page into the free chunks of the others while that saves a page. Without this, items of
+    /// a new hot set land in the free chunks of many half-empty pages and no page ever empties.
+    fn defrag_hot(&mut self, c: usize) {
+        loop {
+            let per = self.classes[c].hot_perslab as u64;
+            let pages: Vec<(usize, u32)> =
+                self.hot.iter().filter(|(_, p)| p.class as usize == c).map(|(&a, p)| (a, p.used)).collect();
+            let needed = self.classes[c].hot_items.div_ceil(per) as usize;
+            if pages.len() <= needed.max(1) && pages.iter().all(|&(_, u)| u > 0) {
+                return;
+            }
+            let Some(&(victim, used)) = pages.iter().min_by_key(|&&(a, u)| (u, a)) else { return };
+            if used == 0 {
+                return; // released by the caller
+            }
+            // Take the victim's chunks off the free list so the moves land elsewhere.
+            let mut keep = Vec::new();
+            let mut it = self.classes[c].free_hot;
+            while it != 0 {
+                if it & !(HOT_PAGE - 1) != victim {
+                    keep.push(it);
+                }
+                it = self.h(it).h_next;
+            }
+            if (keep.len() as u64) < used as u64 {
+                return;
+            }
+            let mut head = 0;
+            for &k in keep.iter().rev() {
+                self.h(k).h_next = head;
+                head = k;
+            }
+            self.classes[c].free_hot = head;
+            self.classes[c].nfree_hot = keep.len();
+            let size = self.classes[c].size;
+            for i in 0..self.classes[c].hot_perslab {
+                let old = victim + i * size;
+                if self.h(old).iflags & LINKED == 0 {
+                    continue;
+                }
+                let new = self.take_hot(c);
+                debug_assert!(new != 0 && new & !(HOT_PAGE - 1) != victim);
+                let total = self.total(old);
+                // SAFETY: distinct hot chunks of class `c`.
+                unsafe { std::ptr::copy_nonoverlapping(old as *const u8, new as *mut u8, total) };
+                self.hash_replace(old, new);
+                self.lru_replace(old, new);
+                // The victim's page count drops; its chunk is not put back on the free list
+                // (the page is released next).
+                self.h(old).iflags = 0;
+                self.hot.get_mut(&victim).expect("victim page").used -= 1;
+            }
+            debug_assert_eq!(self.hot[&victim].used, 0);
+            self.release_empty_hot_pages();
+        }
     }
 
     fn release_empty_hot_pages(&mut self) {
@@ -918,7 +984,7 @@ impl Cache {
             let mut keep = Vec::new();
             let mut it = self.classes[c].free_hot;
             while it != 0 {
-                if it & !(SLAB_PAGE - 1) != page {
+                if it & !(HOT_PAGE - 1) != page {
                     keep.push(it);
                 }
                 it = self.h(it).h_next;
@@ -932,9 +998,9 @@ impl Cache {
             self.classes[c].nfree_hot = keep.len();
             self.classes[c].hot_pages -= 1;
             self.hot.remove(&page);
-            self.pages_used -= 1;
+            self.pages_used -= HOT_PAGE / SLAB_PAGE;
             if let Some(h) = &self.hps {
-                let _ = h.huge_free(page as *mut u8, SLAB_PAGE);
+                let _ = h.huge_free(page as *mut u8, HOT_PAGE);
             }
         }
     }
@@ -944,20 +1010,20 @@ impl Cache {
             let it = self.classes[c].free_hot;
             self.classes[c].free_hot = self.h(it).h_next;
             self.classes[c].nfree_hot -= 1;
-            self.hot.get_mut(&(it & !(SLAB_PAGE - 1))).expect("hot page of a hot chunk").used += 1;
+            self.hot.get_mut(&(it & !(HOT_PAGE - 1))).expect("hot page of a hot chunk").used += 1;
             return it;
         }
         let Some(hps) = self.hps.clone() else { return 0 };
         if self.pages_used >= self.limit_pages + self.limit_pages / 8 {
             return 0;
         }
-        let Ok(p) = hps.huge_alloc(SLAB_PAGE) else { return 0 };
+        let Ok(p) = hps.huge_alloc(HOT_PAGE) else { return 0 };
         let page = p as usize;
-        debug_assert_eq!(page % SLAB_PAGE, 0);
-        self.pages_used += 1;
+        debug_assert_eq!(page % HOT_PAGE, 0);
+        self.pages_used += HOT_PAGE / SLAB_PAGE;
         self.classes[c].hot_pages += 1;
         let size = self.classes[c].size;
-        let perslab = self.classes[c].perslab;
+        let perslab = self.classes[c].hot_perslab;
         // Thread chunks 1.. onto the hot free list; chunk 0 is returned.
         for i in (1..perslab).rev() {
             let it = page + i * size;
@@ -1028,7 +1094,7 @@ impl Cache {
 
     /// Bytes of slab pages on the hot arena.
     pub fn hot_pages_bytes(&self) -> u64 {
-        (self.hot.len() * SLAB_PAGE) as u64
+        (self.hot.len() * HOT_PAGE) as u64
     }
 
     pub fn promoted_regions(&self) -> usize {

@@ -36,11 +36,13 @@ pub struct ControlConfig {
     pub converge_ticks: u32,
     /// Hits per second below which drift is not judged.
     pub min_hits: u64,
+    /// A tracking session that decided nothing stops after this many steps.
+    pub idle_session_ticks: u32,
 }
 
 impl Default for ControlConfig {
     fn default() -> Self {
-        ControlConfig { tick: Duration::from_millis(100), converge_ticks: 30, min_hits: 1000 }
+        ControlConfig { tick: Duration::from_millis(100), converge_ticks: 30, min_hits: 1000, idle_session_ticks: 200 }
     }
 }
 
@@ -85,6 +87,8 @@ impl HpsControl {
 
     fn run(&self, cache: &Mutex<Cache>, cfg: &ControlConfig) {
         let mut quiet = 0u32;
+        // Steps of this tracking session, and whether it promoted or compacted anything yet.
+        let (mut session, mut decided) = (0u32, false);
         let mut baseline: Option<f64> = None;
         let mut window_start = Instant::now();
         let snap = |c: &Cache| (c.counters.get_hits, c.counters.hot_hits + c.counters.promoted_hits);
@@ -99,16 +103,30 @@ impl HpsControl {
                         false
                     }
                 };
-                cache.lock().expect("cache lock").refresh_promoted();
+                {
+                    // Items that cooled since the last step leave the hot arena even when
+                    // HPS has nothing new to compact (the last compaction of a drift may come
+                    // before the previous hot set has cooled).
+                    let mut c = cache.lock().expect("cache lock");
+                    c.refresh_promoted();
+                    c.demote_cooled();
+                }
                 quiet = if changed { 0 } else { quiet + 1 };
-                if quiet >= cfg.converge_ticks {
+                session += 1;
+                decided |= changed;
+                // Converged: quiet for a while after deciding something (tracking needs several
+                // periods before a page's count reaches the threshold, so quiet alone at the
+                // start of a session means nothing), or a long session that found nothing.
+                if decided && quiet >= cfg.converge_ticks || session >= cfg.idle_session_ticks {
                     self.hps.set_tracking(false);
                     let now = snap(&cache.lock().expect("cache lock"));
                     let hits = now.0 - last.0;
-                    baseline = (hits >= cfg.min_hits).then(|| (now.1 - last.1) as f64 / hits as f64);
+                    let share = (now.1 - last.1) as f64 / hits.max(1) as f64;
+                    // A share of almost nothing is no placement to keep: judge drift as if none.
+                    baseline = (hits >= cfg.min_hits && share >= 0.05).then_some(share);
                     last = now;
                     window_start = Instant::now();
-                    quiet = 0;
+                    (quiet, session, decided) = (0, 0, false);
                 }
             } else if window_start.elapsed() >= Duration::from_secs(1) {
                 let now = snap(&cache.lock().expect("cache lock"));

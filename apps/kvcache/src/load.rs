@@ -112,6 +112,26 @@ pub enum Choice {
         start: u64,
         len: u64,
     },
+    /// Uniform over the records `n` with `n % stride == phase`: a hot set scattered thinly
+    /// over the slab memory (one hot item every `stride` records), which HPS must compact
+    /// rather than promote; a new phase is a new hot set (drift).
+    Strided {
+        stride: u64,
+        phase: u64,
+    },
+}
+
+impl Choice {
+    fn pick(&self, zipf: &ScrambledZipfian, rng: &mut Rng, records: u64) -> u64 {
+        match *self {
+            Choice::Zipfian => zipf.next(rng),
+            Choice::Window { start, len } => start + rng.next_u64() % len.max(1),
+            Choice::Strided { stride, phase } => {
+                let stride = stride.max(1);
+                (rng.next_u64() % (records / stride).max(1)) * stride + phase % stride
+            }
+        }
+    }
 }
 
 /// One load run's result.
@@ -232,10 +252,7 @@ pub fn run(
                         keys.clear();
                         let mut buf = Vec::with_capacity(depth * 32);
                         for _ in 0..depth {
-                            let n = match choice {
-                                Choice::Zipfian => zipf.next(&mut rng),
-                                Choice::Window { start, len } => start + rng.next_u64() % len.max(1),
-                            };
+                            let n = choice.pick(&zipf, &mut rng, records);
                             let k = key_of(n);
                             buf.extend_from_slice(b"get ");
                             buf.extend_from_slice(k.as_bytes());

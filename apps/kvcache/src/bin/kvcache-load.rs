@@ -38,6 +38,11 @@ struct Args {
     window: Option<u64>,
     #[arg(long, default_value_t = 0)]
     window_start: u64,
+    /// Read uniformly from the records n with n % stride == phase instead of zipfian.
+    #[arg(long)]
+    stride: Option<u64>,
+    #[arg(long, default_value_t = 0)]
+    phase: u64,
     /// Check every value read.
     #[arg(long)]
     verify: bool,
@@ -63,9 +68,10 @@ fn main() {
         }
     }
     if a.ops > 0 {
-        let choice = match a.window {
-            Some(len) => Choice::Window { start: a.window_start, len },
-            None => Choice::Zipfian,
+        let choice = match (a.window, a.stride) {
+            (Some(len), _) => Choice::Window { start: a.window_start, len },
+            (None, Some(stride)) => Choice::Strided { stride, phase: a.phase },
+            (None, None) => Choice::Zipfian,
         };
         let d = Duration::from_secs(a.seconds);
         match load::run(&a.server, a.records, choice, a.value_size, a.conns, a.depth, a.ops, d, a.verify, a.seed) {

@@ -13,6 +13,11 @@ pub struct Server {
 
 impl Server {
     pub fn start(args: &[&str]) -> Server {
+        Self::try_start(args).unwrap_or_else(|e| panic!("server did not start: {e}"))
+    }
+
+    /// Start, or the server's own error message when it refused to (e.g. HPS unavailable).
+    pub fn try_start(args: &[&str]) -> Result<Server, String> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_pagewise-kvcache"))
             .args(["-p", "0", "-l", "127.0.0.1"])
             .args(args)
@@ -21,9 +26,11 @@ impl Server {
             .expect("spawn pagewise-kvcache");
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read listen line");
-        let addr =
-            line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("unexpected {line:?}")).to_string();
-        Server { child, addr }
+        match line.trim().strip_prefix("listening on ") {
+            Some(addr) => Ok(Server { child, addr: addr.to_string() }),
+            // The server printed its reason on stderr (inherited) and exited.
+            None => Err(format!("exited with {:?}", child.wait().expect("wait"))),
+        }
     }
 
     pub fn connect(&self) -> Client {
