@@ -21,7 +21,7 @@ fn value(key: &str, version: u64) -> Vec<u8> {
 }
 
 fn parse_value(out: &[u8], key: &str) -> Vec<u8> {
-    let text = &out[..];
+    let text = out;
     let head_end = text.windows(2).position(|w| w == b"\r\n").expect("VALUE line");
     let head = std::str::from_utf8(&text[..head_end]).unwrap();
     let parts: Vec<&str> = head.split(' ').collect();
