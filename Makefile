@@ -12,6 +12,8 @@ all: build
 
 # Debian packages the tests and experiments use, installed only when missing.
 APT_PACKAGES := build-essential pkg-config iproute2
+# hps-kvcache's peers (memcached) and memcslap
+APT_PACKAGES += memcached libmemcached-tools
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
