@@ -6,7 +6,7 @@ CARGO ?= cargo
 PAGEWISE := target/release/pagewise
 EVAL_FLAGS ?= --quick
 
-.PHONY: all build eval test deps fmt lint clean
+.PHONY: all build eval test deps fmt lint clean ycsb
 
 all: build
 
@@ -32,6 +32,11 @@ eval: build
 test: build
 	@set -o pipefail; $(CARGO) test --release --workspace 2>&1 | tee target/test.log
 	@awk '/^test result:/ { p += $$4; f += $$6; s += $$8 } END { printf "%d passed, %d failed, %d skipped\n", p, f, s }' target/test.log
+
+# The YCSB binding (bench/ycsb): Maven fetches YCSB core and spymemcached from Maven Central.
+ycsb:
+	@command -v mvn >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven openjdk-17-jdk-headless; }
+	cd bench/ycsb && mvn -q -B package
 
 fmt:
 	$(CARGO) fmt --all
