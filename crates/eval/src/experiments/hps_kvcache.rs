@@ -262,6 +262,14 @@ impl Experiment for HpsKvcache {
         // absolute increases are reported beside it.
         let rss_inc_ratio = if thp_inc > 0.0 { hps_inc.max(0.0) / thp_inc } else { f64::NAN };
 
+        // Third opinion: YCSB itself (bench/ycsb), if built, on kvcache Default and memcached.
+        ctx.message("YCSB");
+        let ycsb = if have_memcached {
+            ycsb_compare(ctx.mode.pick(50_000, 800_000), ctx.mode.pick(100_000, 800_000))
+        } else {
+            None
+        };
+
         // Drift: three hot sets in turn, each one record in 64 (sparse: compacted, not promoted).
         ctx.message("drifting hot set");
         let drift = drift_phase()?;
@@ -301,6 +309,14 @@ impl Experiment for HpsKvcache {
             "memcached_largepages_vs_default",
             paired(Config::MemcachedL, Config::Memcached).map_or(serde_json::Value::Null, |v| json!(v)),
         );
+        if let Some((kv, mc)) = ycsb {
+            report.figure("ycsb_kvcache_vs_memcached", kv / mc);
+            report.figure("ycsb_kvcache_ops_s", kv);
+            report.figure("ycsb_memcached_ops_s", mc);
+        } else {
+            report
+                .note("YCSB (bench/ycsb) not built or memcached missing: run `make ycsb` for the YCSB third opinion.");
+        }
         report.figure("thp_rss_increase_mib", thp_inc / (1 << 20) as f64);
         report.figure("hps_rss_increase_mib", hps_inc / (1 << 20) as f64);
         report.table(
@@ -366,6 +382,46 @@ impl Experiment for HpsKvcache {
         ));
         Ok(report)
     }
+}
+
+/// YCSB's own client (bench/ycsb, workloads/hps with fewer records) on kvcache Default and
+/// memcached: run-phase throughput of each, or None when the binding is not built.
+fn ycsb_compare(records: u64, ops: u64) -> Option<(f64, f64)> {
+    let root = std::env::current_exe().ok()?.parent()?.parent()?.parent()?.join("bench/ycsb");
+    let jar = root.join("target/pagewise-ycsb-0.1.0.jar");
+    if !jar.exists() || find_in_path("java").is_none() {
+        return None;
+    }
+    let cp = format!("{}:{}/target/lib/*", jar.display(), root.display());
+    let workload = root.join("workloads/hps");
+    let run = |addr: &str, phase: &str| -> Option<f64> {
+        let out = Command::new("java")
+            .args(["-cp", &cp, "site.ycsb.Client", phase, "-db", "dev.pagewise.ycsb.MemcachedClient", "-P"])
+            .arg(&workload)
+            .args(["-p", &format!("recordcount={records}"), "-p", &format!("operationcount={ops}")])
+            .args(["-p", &format!("memcached.hosts={addr}"), "-threads", "2"])
+            .stderr(Stdio::null())
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let ok = text.lines().any(|l| l.contains("Return=OK")) && !text.lines().any(|l| l.contains("Return=ERROR"));
+        let tp = text
+            .lines()
+            .find(|l| l.starts_with("[OVERALL], Throughput(ops/sec)"))?
+            .rsplit(", ")
+            .next()?
+            .trim()
+            .parse()
+            .ok()?;
+        ok.then_some(tp)
+    };
+    let mut res = Vec::new();
+    for c in [Config::Default, Config::Memcached] {
+        let r = start(c, &[]).ok()?;
+        run(&r.addr, "-load")?;
+        res.push(run(&r.addr, "-t")?);
+    }
+    Some((res[0], res[1]))
 }
 
 struct DriftPhase {
