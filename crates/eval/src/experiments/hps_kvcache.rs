@@ -270,6 +270,9 @@ impl Experiment for HpsKvcache {
             None
         };
 
+        ctx.message("memcslap");
+        let slap = if have_memcached { memcslap_compare(reps) } else { None };
+
         // Drift: three hot sets in turn, each one record in 64 (sparse: compacted, not promoted).
         ctx.message("drifting hot set");
         let drift = drift_phase()?;
@@ -316,6 +319,10 @@ impl Experiment for HpsKvcache {
         } else {
             report
                 .note("YCSB (bench/ycsb) not built or memcached missing: run `make ycsb` for the YCSB third opinion.");
+        }
+        match slap {
+            Some(r) => report.figure("memcslap_kvcache_vs_memcached", r),
+            None => report.note("memcslap (libmemcached-tools) missing: no memcslap opinion."),
         }
         report.figure("thp_rss_increase_mib", thp_inc / (1 << 20) as f64);
         report.figure("hps_rss_increase_mib", hps_inc / (1 << 20) as f64);
@@ -422,6 +429,30 @@ fn ycsb_compare(records: u64, ops: u64) -> Option<(f64, f64)> {
         res.push(run(&r.addr, "-t")?);
     }
     Some((res[0], res[1]))
+}
+
+/// memcslap (libmemcached-tools) `--test=get` on kvcache Default and memcached, `reps`
+/// interleaved runs: median of the paired kvcache/memcached ratios of get rates.
+fn memcslap_compare(reps: usize) -> Option<f64> {
+    let bin = find_in_path("memcslap")?;
+    let rate = |addr: &str| -> Option<f64> {
+        let out = Command::new(&bin)
+            .args([&format!("--servers={addr}"), "--concurrency=2", "--execute-number=50000", "--test=get"])
+            .stderr(Stdio::null())
+            .output()
+            .ok()?;
+        // "Time to get           100000 keys by    2 threads:     1.824 seconds."
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text.lines().find(|l| l.starts_with("Time to get"))?;
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let keys: f64 = words.get(3)?.parse().ok()?;
+        let secs: f64 = words.get(words.len() - 2)?.parse().ok()?;
+        (secs > 0.0).then_some(keys / secs)
+    };
+    let kv = start(Config::Default, &[]).ok()?;
+    let mc = start(Config::Memcached, &[]).ok()?;
+    let ratios: Vec<f64> = (0..reps).filter_map(|_| Some(rate(&kv.addr)? / rate(&mc.addr)?)).collect();
+    (!ratios.is_empty()).then(|| median(&ratios))
 }
 
 struct DriftPhase {
