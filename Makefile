@@ -6,12 +6,14 @@ CARGO ?= cargo
 PAGEWISE := target/release/pagewise
 EVAL_FLAGS ?= --quick
 
-.PHONY: all build eval report test deps fmt lint clean install uninstall test-install
+.PHONY: all build eval report test deps fmt lint clean install uninstall test-install ycsb
 
 all: build
 
 # Debian packages the tests and experiments use, installed only when missing.
 APT_PACKAGES := build-essential pkg-config iproute2
+# hps-kvcache's peers (memcached) and memcslap
+APT_PACKAGES += memcached libmemcached-tools
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -68,6 +70,11 @@ uninstall:
 # and check that nothing is left (also run by `make test`).
 test-install: build
 	dist/test-install.sh
+
+# The YCSB binding (bench/ycsb): Maven fetches YCSB core and spymemcached from Maven Central.
+ycsb:
+	@command -v mvn >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven openjdk-17-jdk-headless; }
+	cd bench/ycsb && mvn -q -B package
 
 fmt:
 	$(CARGO) fmt --all

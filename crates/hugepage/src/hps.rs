@@ -301,6 +301,29 @@ impl Hps {
         huge.alloc(len)
     }
 
+    /// Give back a block from [`Hps::huge_alloc`]; hugepages the arena unmapped as a result go
+    /// back to the host budget.
+    pub fn huge_free(&self, ptr: *mut u8, len: usize) -> Result<()> {
+        let released = self.shared.huge.lock().expect("huge lock").free(ptr, len)?;
+        if released > 0 {
+            if let Some(b) = self.shared.budget.lock().expect("budget lock").as_ref() {
+                b.give_back(released)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Hugepages mapped by the hugepage arena.
+    pub fn huge_hugepages(&self) -> u64 {
+        self.shared.huge.lock().expect("huge lock").hugepages()
+    }
+
+    /// Whether the 2 MiB region at `addr` of a tracked arena was promoted (collapsed and no
+    /// longer tracked).
+    pub fn region_promoted(&self, addr: usize) -> bool {
+        self.shared.tracker.range_of(addr).is_some_and(|r| r.mode((addr - r.start) / HUGE_PMD) == RegionMode::Skip)
+    }
+
     /// Bytes held by the tracked arenas and the hugepage arena.
     pub fn resident_bytes(&self) -> (u64, u64) {
         let tracked = self.shared.arenas.lock().expect("arenas lock").iter().map(|a| a.resident_bytes()).sum();

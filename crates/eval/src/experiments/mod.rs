@@ -4,6 +4,7 @@ use crate::Experiment;
 
 pub mod dlm_fault;
 pub mod dlm_pagesize;
+pub mod hps_kvcache;
 pub mod hps_micro;
 pub mod hps_tracker_cost;
 pub mod reclaim_load;
@@ -17,6 +18,7 @@ pub fn all() -> Vec<&'static dyn Experiment> {
         &thp_baseline::ThpBaseline,
         &hps_micro::HpsMicro,
         &hps_tracker_cost::HpsTrackerCost,
+        &hps_kvcache::HpsKvcache,
         &dlm_fault::DlmFault,
         &dlm_pagesize::DlmPagesize,
         &reclaim_percore::ReclaimPercore,

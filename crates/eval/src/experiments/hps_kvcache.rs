@@ -1,0 +1,526 @@
+//! HPS in a real cache (seed 000, section 6.4): memcached-protocol servers under a YCSB-like
+//! read-only zipfian load (512 B values), throughput and memory, for pagewise-kvcache Default /
+//! THP / HPS and real memcached default and `-L` as peers, all started as real processes and
+//! measured in one run with the repetitions interleaved. Then a drifting hot set on kvcache
+//! with HPS: after three hot sets, how large is the hot arena against one hot set?
+//!
+//! Load: the built-in pipelined generator ([`pagewise_kvcache::load`]): YCSB's key names and
+//! ScrambledZipfianGenerator (0.99), two connections with 32 gets in flight each, every value
+//! checked. Memory: for kvcache the server's own `memory_bytes` (RSS, with the HPS tracked
+//! arena counted by its memfd's blocks: RSS misses pages whose mappings the tracker dropped);
+//! for memcached VmRSS.
+
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pagewise_kvcache::load::{self, Choice};
+use serde_json::json;
+
+use crate::report::{Plot, Report, Table};
+use crate::stats::Summary;
+use crate::{Context, Experiment};
+
+pub struct HpsKvcache;
+
+const VALUE: usize = 512;
+const MEM_MB: usize = 1024;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Config {
+    Default,
+    Thp,
+    Hps,
+    Memcached,
+    MemcachedL,
+}
+
+impl Config {
+    fn name(self) -> &'static str {
+        match self {
+            Config::Default => "kvcache Default",
+            Config::Thp => "kvcache THP",
+            Config::Hps => "kvcache HPS",
+            Config::Memcached => "memcached",
+            Config::MemcachedL => "memcached -L",
+        }
+    }
+    fn is_kvcache(self) -> bool {
+        matches!(self, Config::Default | Config::Thp | Config::Hps)
+    }
+}
+
+struct Running {
+    child: Child,
+    addr: String,
+    config: Config,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let p = exe.parent().map(|d| d.join(name)).unwrap_or_default();
+    if p.exists() {
+        Ok(p)
+    } else {
+        anyhow::bail!("{} not found: build it with `cargo build --release -p pagewise-kvcache`", p.display())
+    }
+}
+
+fn find_in_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| PathBuf::from(d).join(name)).find(|p| p.exists())
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn wait_ready(addr: &str) -> anyhow::Result<()> {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        if TcpStream::connect(addr).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    anyhow::bail!("server at {addr} did not come up")
+}
+
+fn start(config: Config, extra: &[&str]) -> anyhow::Result<Running> {
+    let port = free_port()?;
+    let addr = format!("127.0.0.1:{port}");
+    let m = MEM_MB.to_string();
+    let p = port.to_string();
+    let mut cmd = if config.is_kvcache() {
+        let mut c = Command::new(sibling_binary("pagewise-kvcache")?);
+        let mode = match config {
+            Config::Thp => "thp",
+            Config::Hps => "hps",
+            _ => "default",
+        };
+        c.args(["-m", &m, "-p", &p, "-l", "127.0.0.1", "-t", "2", "--memory-mode", mode]);
+        c
+    } else {
+        let bin = find_in_path("memcached").ok_or_else(|| anyhow::anyhow!("memcached not installed"))?;
+        let mut c = Command::new(bin);
+        c.args(["-m", &m, "-p", &p, "-l", "127.0.0.1", "-U", "0", "-t", "2", "-u", "root"]);
+        if config == Config::MemcachedL {
+            c.arg("-L");
+        }
+        c
+    };
+    cmd.args(extra).stdout(Stdio::null()).stderr(Stdio::null());
+    let child = cmd.spawn().map_err(|e| anyhow::anyhow!("starting {}: {e}", config.name()))?;
+    let r = Running { child, addr, config };
+    wait_ready(&r.addr)?;
+    Ok(r)
+}
+
+fn stat(addr: &str, name: &str) -> anyhow::Result<u64> {
+    let s = load::stats(addr)?;
+    s.into_iter()
+        .find(|(k, _)| k == name)
+        .and_then(|(_, v)| v.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("{addr}: no numeric stat {name}"))
+}
+
+/// Memory of the server process, bytes.
+fn memory(r: &Running) -> anyhow::Result<u64> {
+    if r.config.is_kvcache() {
+        return stat(&r.addr, "memory_bytes");
+    }
+    let st = pagewise_kernel::procfs::read_status(pagewise_kernel::procfs::Pid::Id(r.child.id() as i32))?;
+    Ok(st.vmrss.unwrap_or(0) * 1024)
+}
+
+fn median(v: &[f64]) -> f64 {
+    Summary::of(v).median
+}
+
+impl Experiment for HpsKvcache {
+    fn name(&self) -> &'static str {
+        "hps-kvcache"
+    }
+
+    fn description(&self) -> &'static str {
+        "HPS in a memcached-protocol cache under YCSB zipfian reads: kvcache Default / THP / HPS vs memcached and memcached -L; drifting hot set"
+    }
+
+    fn run(&self, ctx: &mut Context) -> anyhow::Result<Report> {
+        let records: u64 = ctx.mode.pick(400_000, 800_000);
+        let reads: u64 = ctx.mode.pick(400_000, 800_000);
+        let reps: usize = ctx.mode.pick(3, 10);
+        let have_memcached = find_in_path("memcached").is_some();
+        let mut configs = vec![Config::Default, Config::Thp, Config::Hps];
+        if have_memcached {
+            configs.extend([Config::Memcached, Config::MemcachedL]);
+        }
+        ctx.start_progress((configs.len() * (reps + 2)) as u64 + 3, "loading");
+        let t0 = Instant::now();
+        let mut servers = Vec::new();
+        let mut mem_series: Vec<Vec<(f64, f64)>> = vec![Vec::new(); configs.len()];
+        let mut base_mem = Vec::new();
+        for (i, &c) in configs.iter().enumerate() {
+            let r = start(c, &[])?;
+            base_mem.push(memory(&r)? as f64);
+            let l = load::load(&r.addr, 0, records, VALUE, 2, 64)?;
+            anyhow::ensure!(l.bad == 0, "{}: {} stores not STORED", c.name(), l.bad);
+            mem_series[i].push((t0.elapsed().as_secs_f64(), memory(&r)? as f64 / (1 << 20) as f64));
+            ctx.tick();
+            servers.push(r);
+        }
+        // Warm-up: one untimed read run each; HPS additionally until its placement converged
+        // (tracking off), as the paper measured HPS after its promotions.
+        let mut hps_warm_runs = 0;
+        for (i, r) in servers.iter().enumerate() {
+            ctx.message(format!("warming {}", r.config.name()));
+            load::run(&r.addr, records, Choice::Zipfian, VALUE, 2, 32, reads, Duration::from_secs(120), false, 99)?;
+            if r.config == Config::Hps {
+                let t = Instant::now();
+                while stat(&r.addr, "tracking")? == 1 && t.elapsed() < Duration::from_secs(90) {
+                    load::run(
+                        &r.addr,
+                        records,
+                        Choice::Zipfian,
+                        VALUE,
+                        2,
+                        32,
+                        reads / 4,
+                        Duration::from_secs(60),
+                        false,
+                        98,
+                    )?;
+                    hps_warm_runs += 1;
+                }
+            }
+            mem_series[i].push((t0.elapsed().as_secs_f64(), memory(r)? as f64 / (1 << 20) as f64));
+            ctx.tick();
+        }
+        ctx.message("measuring");
+        let mut tput: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+        let mut mem: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+        for rep in 0..reps {
+            for (i, r) in servers.iter().enumerate() {
+                let res = load::run(
+                    &r.addr,
+                    records,
+                    Choice::Zipfian,
+                    VALUE,
+                    2,
+                    32,
+                    reads,
+                    Duration::from_secs(120),
+                    true,
+                    rep as u64,
+                )?;
+                anyhow::ensure!(
+                    res.bad == 0 && res.misses == 0,
+                    "{}: {} wrong values, {} misses",
+                    r.config.name(),
+                    res.bad,
+                    res.misses
+                );
+                tput[i].push(res.ops_per_sec());
+                let m = memory(r)? as f64;
+                mem[i].push(m);
+                mem_series[i].push((t0.elapsed().as_secs_f64(), m / (1 << 20) as f64));
+                ctx.tick();
+            }
+        }
+        let hps_stats: Vec<(String, String)> = servers
+            .iter()
+            .find(|r| r.config == Config::Hps)
+            .map(|r| load::stats(&r.addr))
+            .transpose()?
+            .unwrap_or_default();
+        drop(servers);
+
+        // Paired ratios per repetition (the configurations of a repetition ran back to back).
+        let idx = |c: Config| configs.iter().position(|&x| x == c);
+        let paired = |a: Config, b: Config| -> Option<f64> {
+            let (a, b) = (idx(a)?, idx(b)?);
+            Some(median(&(0..reps).map(|k| tput[a][k] / tput[b][k]).collect::<Vec<_>>()))
+        };
+        let med_mem = |c: Config| idx(c).map(|i| median(&mem[i]));
+        let hps_vs_thp = paired(Config::Hps, Config::Thp).unwrap_or(f64::NAN);
+        let kv_vs_mc = paired(Config::Default, Config::Memcached);
+        let (d, t, h) = (
+            med_mem(Config::Default).unwrap_or(0.0),
+            med_mem(Config::Thp).unwrap_or(0.0),
+            med_mem(Config::Hps).unwrap_or(0.0),
+        );
+        let thp_inc = t - d;
+        let hps_inc = h - d;
+        // Reported whenever THP adds anything; with a dense slab area THP adds little, so the
+        // absolute increases are reported beside it.
+        let rss_inc_ratio = if thp_inc > 0.0 { hps_inc.max(0.0) / thp_inc } else { f64::NAN };
+
+        // Third opinion: YCSB itself (bench/ycsb), if built, on kvcache Default and memcached.
+        ctx.message("YCSB");
+        let ycsb = if have_memcached {
+            ycsb_compare(ctx.mode.pick(50_000, 800_000), ctx.mode.pick(100_000, 800_000))
+        } else {
+            None
+        };
+
+        ctx.message("memcslap");
+        let slap = if have_memcached { memcslap_compare(reps) } else { None };
+
+        // Drift: three hot sets in turn, each one record in 64 (sparse: compacted, not promoted).
+        ctx.message("drifting hot set");
+        let drift = drift_phase()?;
+        ctx.tick();
+
+        let mut report = Report::default();
+        let mut table = Table::new([
+            "server",
+            "throughput kops/s (median)",
+            "min–max",
+            "vs kvcache Default",
+            "memory MiB (median)",
+            "memory increase over kvcache Default MiB",
+        ]);
+        let def_tp = median(&tput[0]);
+        for (i, &c) in configs.iter().enumerate() {
+            let s = Summary::of(&tput[i]);
+            table.row([
+                c.name().to_string(),
+                format!("{:.0}", s.median / 1e3),
+                format!("{:.0}–{:.0}", s.min / 1e3, s.max / 1e3),
+                format!("{:.3}", s.median / def_tp),
+                format!("{:.0}", median(&mem[i]) / (1 << 20) as f64),
+                format!("{:+.1}", (median(&mem[i]) - d) / (1 << 20) as f64),
+            ]);
+        }
+        report.figure("kvcache_vs_memcached", kv_vs_mc.map_or(serde_json::Value::Null, |v| json!(v)));
+        report.figure("hps_vs_thp_throughput", hps_vs_thp);
+        report.figure(
+            "hps_vs_thp_rss_increase",
+            if rss_inc_ratio.is_nan() { serde_json::Value::Null } else { json!(rss_inc_ratio) },
+        );
+        report.figure("hot_arena_vs_hot_set_after_drift", drift.ratio);
+        report.figure("memcached_hps_vs_largepages", serde_json::Value::Null);
+        report.figure("memcached_hps_rss_increase_vs_largepages", serde_json::Value::Null);
+        report.figure(
+            "memcached_largepages_vs_default",
+            paired(Config::MemcachedL, Config::Memcached).map_or(serde_json::Value::Null, |v| json!(v)),
+        );
+        if let Some((kv, mc)) = ycsb {
+            report.figure("ycsb_kvcache_vs_memcached", kv / mc);
+            report.figure("ycsb_kvcache_ops_s", kv);
+            report.figure("ycsb_memcached_ops_s", mc);
+        } else {
+            report
+                .note("YCSB (bench/ycsb) not built or memcached missing: run `make ycsb` for the YCSB third opinion.");
+        }
+        match slap {
+            Some(r) => report.figure("memcslap_kvcache_vs_memcached", r),
+            None => report.note("memcslap (libmemcached-tools) missing: no memcslap opinion."),
+        }
+        report.figure("thp_rss_increase_mib", thp_inc / (1 << 20) as f64);
+        report.figure("hps_rss_increase_mib", hps_inc / (1 << 20) as f64);
+        report.table(
+            format!("{records} records of {VALUE} B, {reads} zipfian reads per run, {reps} interleaved runs"),
+            table,
+        );
+        let mut dt = Table::new([
+            "phase",
+            "hot items",
+            "hot set MiB",
+            "hot arena MiB",
+            "compacted",
+            "demoted",
+            "promoted regions",
+            "wrong values",
+        ]);
+        for p in &drift.phases {
+            dt.row([
+                p.phase.to_string(),
+                p.hot_items.to_string(),
+                format!("{:.2}", p.hot_set as f64 / (1 << 20) as f64),
+                format!("{:.2}", p.arena as f64 / (1 << 20) as f64),
+                p.compacted.to_string(),
+                p.demoted.to_string(),
+                p.promoted.to_string(),
+                p.bad.to_string(),
+            ]);
+        }
+        report.table(
+            "drifting hot set on kvcache HPS (200,000 records; hot set = 1 record in 64, shifted each phase)",
+            dt,
+        );
+        let mut tp_plot = Plot::new("throughput per run", "run", "kops/s");
+        let mut mem_plot = Plot::new("server memory over time", "s", "MiB");
+        for (i, &c) in configs.iter().enumerate() {
+            tp_plot.series(c.name(), tput[i].iter().enumerate().map(|(k, &v)| ((k + 1) as f64, v / 1e3)).collect());
+            mem_plot.series(c.name(), mem_series[i].clone());
+        }
+        report.plots.push(tp_plot);
+        report.plots.push(mem_plot);
+        report.data = json!({
+            "records": records, "reads": reads, "reps": reps, "value_bytes": VALUE, "memory_limit_mb": MEM_MB,
+            "configs": configs.iter().map(|c| c.name()).collect::<Vec<_>>(),
+            "throughput_ops_s": tput, "memory_bytes": mem, "memory_before_load_bytes": base_mem,
+            "memory_series_mib": mem_series, "hps_warmup_runs": hps_warm_runs,
+            "hps_stats": hps_stats.into_iter().map(|(k, v)| (k, json!(v))).collect::<serde_json::Map<_, _>>(),
+            "drift": drift.phases.iter().map(|p| json!({"phase": p.phase, "hot_items": p.hot_items, "hot_set_bytes": p.hot_set, "hot_arena_bytes": p.arena, "compacted": p.compacted, "demoted": p.demoted, "promoted_regions": p.promoted})).collect::<Vec<_>>(),
+        });
+        if !have_memcached {
+            report.note("memcached is not installed (`make deps` installs it): the peer rows and kvcache_vs_memcached are missing.");
+        }
+        report.note(
+            "memcached_hps_* need `pagewise hps run` (issue 10 section 3, the LD_PRELOAD shim), which is not built yet: reported as null.",
+        );
+        report.note(format!(
+            "Throughput ratios are medians of per-run paired ratios; memory is the median over runs of the value after each run \
+             (kvcache: its `memory_bytes` stat, memcached: VmRSS). HPS was warmed until its tracking stopped ({hps_warm_runs} extra \
+             quarter runs) — the paper too measured HPS after its promotions. Load generator: 2 connections × 32 pipelined gets, \
+             on the same 2 cores as the server (client-bound: ratios, not absolute rates, are the result). THP increase over \
+             Default: {:.1} MiB; HPS: {:.1} MiB.",
+            thp_inc / (1 << 20) as f64,
+            hps_inc / (1 << 20) as f64
+        ));
+        Ok(report)
+    }
+}
+
+/// YCSB's own client (bench/ycsb, workloads/hps with fewer records) on kvcache Default and
+/// memcached: run-phase throughput of each, or None when the binding is not built.
+fn ycsb_compare(records: u64, ops: u64) -> Option<(f64, f64)> {
+    let root = std::env::current_exe().ok()?.parent()?.parent()?.parent()?.join("bench/ycsb");
+    let jar = root.join("target/pagewise-ycsb-0.1.0.jar");
+    if !jar.exists() || find_in_path("java").is_none() {
+        return None;
+    }
+    let cp = format!("{}:{}/target/lib/*", jar.display(), root.display());
+    let workload = root.join("workloads/hps");
+    let run = |addr: &str, phase: &str| -> Option<f64> {
+        let out = Command::new("java")
+            .args(["-cp", &cp, "site.ycsb.Client", phase, "-db", "dev.pagewise.ycsb.MemcachedClient", "-P"])
+            .arg(&workload)
+            .args(["-p", &format!("recordcount={records}"), "-p", &format!("operationcount={ops}")])
+            .args(["-p", &format!("memcached.hosts={addr}"), "-threads", "2"])
+            .stderr(Stdio::null())
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let ok = text.lines().any(|l| l.contains("Return=OK")) && !text.lines().any(|l| l.contains("Return=ERROR"));
+        let tp = text
+            .lines()
+            .find(|l| l.starts_with("[OVERALL], Throughput(ops/sec)"))?
+            .rsplit(", ")
+            .next()?
+            .trim()
+            .parse()
+            .ok()?;
+        ok.then_some(tp)
+    };
+    let mut res = Vec::new();
+    for c in [Config::Default, Config::Memcached] {
+        let r = start(c, &[]).ok()?;
+        run(&r.addr, "-load")?;
+        res.push(run(&r.addr, "-t")?);
+    }
+    Some((res[0], res[1]))
+}
+
+/// memcslap (libmemcached-tools) `--test=get` on kvcache Default and memcached, `reps`
+/// interleaved runs: median of the paired kvcache/memcached ratios of get rates.
+fn memcslap_compare(reps: usize) -> Option<f64> {
+    let bin = find_in_path("memcslap")?;
+    let rate = |addr: &str| -> Option<f64> {
+        let out = Command::new(&bin)
+            .args([&format!("--servers={addr}"), "--concurrency=2", "--execute-number=50000", "--test=get"])
+            .stderr(Stdio::null())
+            .output()
+            .ok()?;
+        // "Time to get           100000 keys by    2 threads:     1.824 seconds."
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text.lines().find(|l| l.starts_with("Time to get"))?;
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let keys: f64 = words.get(3)?.parse().ok()?;
+        let secs: f64 = words.get(words.len() - 2)?.parse().ok()?;
+        (secs > 0.0).then_some(keys / secs)
+    };
+    let kv = start(Config::Default, &[]).ok()?;
+    let mc = start(Config::Memcached, &[]).ok()?;
+    let ratios: Vec<f64> = (0..reps).filter_map(|_| Some(rate(&kv.addr)? / rate(&mc.addr)?)).collect();
+    (!ratios.is_empty()).then(|| median(&ratios))
+}
+
+struct DriftPhase {
+    phase: u64,
+    hot_items: u64,
+    hot_set: u64,
+    arena: u64,
+    compacted: u64,
+    demoted: u64,
+    promoted: u64,
+    bad: u64,
+}
+
+struct Drift {
+    phases: Vec<DriftPhase>,
+    ratio: f64,
+}
+
+/// kvcache HPS with 200k records; three hot sets in turn; after each has settled (tracking
+/// restarted, placed, stopped again) read the hot arena and hot set sizes.
+fn drift_phase() -> anyhow::Result<Drift> {
+    const RECORDS: u64 = 200_000;
+    const STRIDE: u64 = 64;
+    let r = start(Config::Hps, &["--hot-window-ms", "1000", "--converge-ticks", "10", "--hps-threshold", "3"])?;
+    let l = load::load(&r.addr, 0, RECORDS, VALUE, 2, 64)?;
+    anyhow::ensure!(l.bad == 0, "drift load: {} stores failed", l.bad);
+    let mut phases = Vec::new();
+    let mut restarts = stat(&r.addr, "tracking_restarts")?;
+    for phase in 0..3u64 {
+        let t = Instant::now();
+        let mut bad = 0;
+        loop {
+            let res = load::run(
+                &r.addr,
+                RECORDS,
+                Choice::Strided { stride: STRIDE, phase },
+                VALUE,
+                1,
+                16,
+                u64::MAX,
+                Duration::from_millis(500),
+                true,
+                phase,
+            )?;
+            bad += res.bad + res.misses;
+            let restarted = phase == 0 || stat(&r.addr, "tracking_restarts")? > restarts;
+            if restarted && stat(&r.addr, "tracking")? == 0 && stat(&r.addr, "hot_items")? > 0 {
+                break;
+            }
+            anyhow::ensure!(t.elapsed() < Duration::from_secs(90), "drift phase {phase} did not settle in 90 s");
+        }
+        restarts = stat(&r.addr, "tracking_restarts")?;
+        phases.push(DriftPhase {
+            phase,
+            hot_items: stat(&r.addr, "hot_items")?,
+            hot_set: stat(&r.addr, "hot_set_bytes")?,
+            arena: stat(&r.addr, "hot_arena_bytes")?,
+            compacted: stat(&r.addr, "compacted_items")?,
+            demoted: stat(&r.addr, "demoted_items")?,
+            promoted: stat(&r.addr, "promoted_regions")?,
+            bad,
+        });
+    }
+    let last = phases.last().expect("three phases");
+    // One phase's hot set in bytes of slab chunks: every record of the phase, at its chunk size
+    // (the server's hot_set_bytes counts only what it moved; promoted items would be missing).
+    let chunk = stat(&r.addr, "hot_set_bytes")? / stat(&r.addr, "hot_items")?.max(1);
+    let phase_bytes = RECORDS / STRIDE * chunk;
+    let ratio = last.arena as f64 / phase_bytes.max(1) as f64;
+    Ok(Drift { phases, ratio })
+}
