@@ -94,12 +94,14 @@ fn stat_attributes_memcg_reclaim_to_the_core_it_ran_on() {
             file.0.display().to_string(),
             s("--seconds"),
             s(1.0),
+            s("--min-mb"),
+            s(128),
             s("--cgroup"),
             path,
         ]);
         let pid = child.id() as i32;
         let res = output(child);
-        assert!(res["bytes"].as_u64().unwrap() > 100 << 20);
+        assert!(res["bytes"].as_u64().unwrap() >= 128 << 20, "read past the 48 MiB limit: {res}");
         let agg = collector.finish().unwrap();
         let task = agg.tasks.get(&pid).unwrap_or_else(|| panic!("no reclaim seen for the reader pinned to cpu {cpu}"));
         assert!(task.reclaim.count > 0);
@@ -172,6 +174,8 @@ fn reclaimd_keeps_reclaim_off_the_protected_core() {
         s(32),
         s("--seconds"),
         s(secs),
+        s("--min-mb"),
+        s(512),
         s("--cgroup"),
         pressure_cg.path().display().to_string(),
     ]);
@@ -195,8 +199,8 @@ fn reclaimd_keeps_reclaim_off_the_protected_core() {
     assert_eq!(w.ran_on, BTreeSet::from([0]), "the worker ran on its reclaim core only");
     assert!(w.errors.is_empty() && report.fatal.is_none(), "{:?} {:?}", w.errors, report.fatal);
     assert!(w.reclaimed_bytes > 0 && w.threshold_wakeups > 0, "the worker woke at its threshold and reclaimed: {w:?}");
-    assert!(p["bytes"].as_u64().unwrap() > 256 << 20, "the pressure read past the limit: {p}");
-    assert!(q["latency"]["count"].as_u64().unwrap() > 100);
+    assert!(p["bytes"].as_u64().unwrap() >= 512 << 20, "the pressure read past the limit: {p}");
+    assert!(q["latency"]["count"].as_u64().unwrap() > 0, "the protected task allocated");
     for t in agg.tasks.values().filter(|t| t.task.starts_with("reclaimd-cpu0")) {
         assert_eq!(t.cpus, BTreeSet::from([0]), "the worker's reclaim is charged to core 0");
     }

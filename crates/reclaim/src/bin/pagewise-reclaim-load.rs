@@ -7,7 +7,9 @@
 //! - `pressure --cpu C [--file F] --fill-mb M --seconds S [--rate-mib R] [--cgroup DIR]`:
 //!   seed 002's pressure: M MiB of anonymous memory touched and held, then sequential reads
 //!   of F (larger than the group) over and over, at most R MiB/s when R > 0 (paced per MiB);
-//!   without F it only holds the anonymous memory. Reports MiB/s read.
+//!   without F it only holds the anonymous memory. With `--min-mb N` it goes on past S
+//!   seconds until N MiB are read (a fixed amount of work whatever the disk's speed). Reports
+//!   MiB/s read.
 //! - `fileserver --dir D --threads T --files N --file-kb K --ops O --lookup-pct L
 //!   [--cgroup DIR] [--cpu C]`: seed 004's file server: T worker threads (named `pw-fs-worker`)
 //!   each doing O requests over N files: reads and rewrites of whole files, and `stat` lookups
@@ -115,6 +117,7 @@ fn pressure(a: &Args) {
     let fill = a.get::<usize>("fill-mb", Some(0)) << 20;
     let seconds: f64 = a.get("seconds", None);
     let rate_mib: f64 = a.get("rate-mib", Some(0.0));
+    let min_bytes = a.get::<u64>("min-mb", Some(0)) << 20;
     let _fill = (fill > 0).then(|| {
         let m = Mapping::anonymous(fill, &MapOptions::default()).unwrap_or_else(|e| die(e));
         // SAFETY: our own fresh writable mapping.
@@ -129,7 +132,8 @@ fn pressure(a: &Args) {
         println!("{}", serde_json::json!({ "bytes": 0, "seconds": seconds, "mib_per_s": 0.0 }));
         return;
     };
-    'outer: while t0.elapsed().as_secs_f64() < seconds {
+    let done = |total: u64| t0.elapsed().as_secs_f64() >= seconds && total >= min_bytes;
+    'outer: while !done(total) {
         let mut f = std::fs::File::open(&file).unwrap_or_else(|e| die(format!("{}: {e}", file.display())));
         loop {
             let n = f.read(&mut buf).unwrap_or_else(|e| die(e));
@@ -137,7 +141,7 @@ fn pressure(a: &Args) {
                 break;
             }
             total += n as u64;
-            if t0.elapsed().as_secs_f64() >= seconds {
+            if done(total) {
                 break 'outer;
             }
             if rate_mib > 0.0 {
