@@ -7,6 +7,17 @@
 //! classes with an LRU each, [`server`] runs mio event loops, [`hpsrun`] connects the cache to
 //! HPS and [`load`] is a pipelined load generator with YCSB's key distribution.
 
+use pagewise_kernel::features::{Capability, Feature};
+
+/// What `pagewise-kvcache` needs of the kernel, per memory mode (for `pagewise doctor`).
+pub const FEATURES: &[Feature] = &[
+    Feature {
+        name: "pagewise-kvcache --memory-mode hps",
+        needs: &[Capability::Userfaultfd, Capability::MadvCollapseShmem, Capability::HugetlbSizesKb],
+    },
+    Feature { name: "pagewise-kvcache --memory-mode thp", needs: &[Capability::ThpEnabled] },
+];
+
 pub mod cache;
 pub mod hpsrun;
 pub mod load;

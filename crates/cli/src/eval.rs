@@ -16,6 +16,10 @@ pub const FEATURES: &[Feature] = &[
         needs: &[Capability::ThpEnabled, Capability::Userfaultfd, Capability::MadvCollapseShmem],
     },
     Feature { name: "pagewise eval hps-tracker-cost", needs: &[Capability::Userfaultfd, Capability::PagemapScan] },
+    Feature {
+        name: "pagewise eval hps-kvcache",
+        needs: &[Capability::ThpEnabled, Capability::Userfaultfd, Capability::MadvCollapseShmem],
+    },
     Feature { name: "pagewise eval dlm-fault", needs: &[Capability::Userfaultfd] },
     Feature { name: "pagewise eval dlm-pagesize", needs: &[Capability::Userfaultfd] },
     Feature {

@@ -5,8 +5,13 @@
 use pagewise_kernel::features::Feature;
 
 /// The features of this build, by crate.
-pub const REGISTRY: &[&[Feature]] =
-    &[pagewise_hugepage::FEATURES, pagewise_dlm::FEATURES, pagewise_reclaim::FEATURES, crate::eval::FEATURES];
+pub const REGISTRY: &[&[Feature]] = &[
+    pagewise_hugepage::FEATURES,
+    pagewise_kvcache::FEATURES,
+    pagewise_dlm::FEATURES,
+    pagewise_reclaim::FEATURES,
+    crate::eval::FEATURES,
+];
 
 #[cfg(test)]
 mod tests {

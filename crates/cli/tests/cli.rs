@@ -117,6 +117,12 @@ fn doctor_names_only_features_that_exist() {
                 experiments.lines().any(|l| l.split_whitespace().next() == Some(rest)),
                 "{name}: no such experiment"
             );
+        } else if name.starts_with("pagewise-") {
+            // Another program of this workspace, built next to `pagewise`.
+            let program = name.split_whitespace().next().unwrap();
+            let path = std::path::Path::new(env!("CARGO_BIN_EXE_pagewise")).with_file_name(program);
+            let out = Command::new(&path).arg("--help").output();
+            assert!(out.is_ok_and(|o| o.status.success()), "{name}: {} does not run", path.display());
         } else if let Some(rest) = name.strip_prefix("pagewise ") {
             let words: Vec<&str> = rest.split(" (").next().unwrap().split_whitespace().collect();
             let mut args = words.clone();
