@@ -37,7 +37,7 @@ fn compaction_under_concurrent_reads_and_writes_never_shows_a_torn_or_freed_item
     let hps = match hpsrun::start_hps(HpsConfig { publish: false, ..Default::default() }) {
         Ok(h) => h,
         Err(e) => {
-            eprintln!("skipped: HPS unavailable: {e}");
+            pagewise_kernel::testing::skip(format!("HPS unavailable: {e}"));
             return;
         }
     };
@@ -141,7 +141,7 @@ fn drifting_hot_set_leaves_the_hot_arena_no_larger_than_1_2x_the_hot_set() {
     ]) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("skipped: kvcache with HPS did not start: {e}");
+            pagewise_kernel::testing::skip(format!("kvcache with HPS did not start: {e}"));
             return;
         }
     };
