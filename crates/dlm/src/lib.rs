@@ -17,12 +17,14 @@ pub mod capi;
 pub mod clock;
 pub mod config;
 pub mod layout;
+mod measure;
 pub mod process;
 pub mod proto;
 pub mod runtime;
 pub mod server;
 mod signals;
 pub mod transport;
+pub mod tune;
 
 pub use config::{parse_size, Config, FaultMode};
 pub use runtime::{Dlm, Stats};

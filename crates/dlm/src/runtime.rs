@@ -18,75 +18,37 @@
 //!    units, dropped with one MADV_DONTNEED) and the batch's READs leave in one `write`
 //!    (`Transport::send_headers`). A demand READ leaves at once.
 //!
-//! # Dirty tracking and why not WP_ASYNC
+//! # Dirty tracking: synchronous write-protect, not WP_ASYNC
 //! Pages are installed write-protected (UFFDIO_COPY mode WP; PROT_READ in the SIGSEGV mode); the
 //! first write faults, marks the unit dirty and un-protects it. Eviction of a dirty unit
 //! write-protects it again *before* reading it for write-back, so a concurrent writer waits for
-//! the handler and never loses a store. With UFFD_FEATURE_WP_ASYNC the kernel resolves WP faults
-//! by itself: cheaper per first write, but nothing can hold a writer back between the
-//! write-back read and MADV_DONTNEED, which loses updates from other threads. Measured
-//! (`examples/dlm_local_fault.rs`, SIGBUS mode): a first-write fault costs 6 µs per 16 KiB unit
-//! and 11 µs per 128 KiB unit, a PAGEMAP_SCAN of the unit for written pages 1.1–1.5 µs — WP_ASYNC
-//! would be about 5× cheaper per dirtied unit. Correctness decides: synchronous WP. (A program
-//! known to be single-threaded could take the cheaper path; the runtime cannot know that.)
+//! the handler and never loses a store. UFFD_FEATURE_WP_ASYNC would resolve WP faults in the
+//! kernel, cheaper per first write, but then nothing holds a writer back between the write-back
+//! read and MADV_DONTNEED, which loses updates from other threads (`examples/dlm_local_fault.rs`
+//! measures both costs).
 //!
-//! # Fault delivery: SIGBUS by default
-//! Measured by `pagewise eval dlm-fault` (2-core VM): serving the fault on the faulting thread
-//! (UFFD_FEATURE_SIGBUS) has a lower median than a handler thread at 4–64 KiB (16 KiB: 0.90×
-//! and 0.93× of the thread's in two runs): it saves the two thread wake-ups around each fault.
-//! The handler thread streamed faster in some runs; both stay selectable. SIGBUS mode cannot
-//! serve faults taken inside the kernel (a `read(2)` into a missing page returns EFAULT), which
-//! the handler thread can: programs that pass DLM memory to system calls should use it.
-//!
-//! # Where the time goes
-//! Profiled (timestamps at each step of a SIGBUS fault, 16 KiB units, client and server on
-//! different cores, 1000 random faults, medians; the ping-pong of the same messages between
-//! the same processes took 30–31 µs): fault 37–45 µs = delivery of the fault to the handler
-//! 3.0–3.9 + lookup and room 0.2 + the request `send` 11–16 (loopback TCP runs the receiver's
-//! protocol work and the server's wake-up in the sender's system call) + waiting for the reply
-//! header 12–14 + receiving the payload 1.4–1.6 + **UFFDIO_COPY 6.2–8.3** + handler exit and
-//! sigreturn 1.0. The send and the wait are the ping-pong itself; the fault's own overhead is
-//! ≈ 11 µs, 60% of it the install. The install is not the copy (16 KiB copy ≈ 1 µs): it is page
-//! allocation, which is slow on this VM — MADV_POPULATE_WRITE of 16 KiB anonymous memory
-//! costs 6.3 µs, of 16 KiB of memfd (shmem) 10 µs, MADV_DONTNEED of 16 KiB 2.4 µs,
-//! MADV_REMOVE (shmem) 6.2 µs. Reply headers are busy-polled for up to 50 µs before the thread
-//! sleeps (`TcpTransport`): on this VM a wake-up costs about as much as the transfer.
-//!
-//! Streaming (`dlm-fault`'s sequential read, 128 KiB units, client cpu 0, server cpu 1, quiet
-//! machine) runs at 1.1 GB/s against 3.5–3.8 GB/s of pipelined TCP: ≈ 115 µs per unit where TCP
-//! needs ≈ 35. A `perf record -e cpu-clock` of the client (`examples/dlm_stream.rs`) splits it:
-//! UFFDIO_COPY 44% (of which the copy into the fresh pages 17%, page allocation, memcg charge
-//! and LRU insertion ≈ 20%), `recv` of the replies 28% (the copy out of the socket 14%),
-//! MADV_DONTNEED of evicted units 18% (unmapping, TLB flush, freeing and uncharging pages),
-//! fault delivery and sigreturn ≈ 6%, the program itself ≈ 5%. Sending READs and waiting for
-//! replies no longer show: the stream is bound by per-page kernel work on the client's core
-//! (allocate, charge, copy in, unmap, free, uncharge: ≈ 75 µs per 128 KiB), not by the network
-//! or the syscall count. Batching the read-ahead requests and the evictions (step 4) took
-//! streaming from 1.03 to 1.11–1.13 GB/s (0.29 → 0.29–0.32 of TCP) with the 16 KiB fault
-//! unchanged. Reaching half of TCP needs the pages themselves recycled instead of freed and
-//! reallocated (UFFDIO_MOVE of evicted pages into a receive pool and back), which must first
-//! solve write tracking: a moved-in page is writable until it is write-protected again, so a
-//! concurrent writer could dirty it unseen.
+//! # Fault delivery
+//! SIGBUS (UFFD_FEATURE_SIGBUS, `signals.rs`) serves the fault on the faulting thread and saves
+//! two thread wake-ups per fault (`pagewise eval dlm-fault` compares it with the handler
+//! thread). It cannot serve faults the kernel takes on the program's behalf (a `read(2)` into a
+//! missing page returns EFAULT); the handler thread can, so programs that hand DLM memory to
+//! system calls (and every program under `pagewise run`) use it.
 //!
 //! # Installing pages
-//! userfaultfd modes, default: anonymous memory, UFFDIO_COPY from the reply buffer (atomic
-//! per page, mode WP). Zero-copy (`Config::zero_copy`): the area is a memfd mapped twice, the
-//! program's view registered MISSING + MINOR + WP and an alias the runtime writes through. A
-//! READ of a wholly missing unit populates the unit's page-cache pages through the alias
-//! *while the request travels*, receives the reply straight into them and maps them with
-//! UFFDIO_CONTINUE mode WP (2.0–2.4 µs for 16 KiB, against UFFDIO_COPY's 6–8): allocation
-//! leaves the critical path when the client has a core to spare during the round trip.
+//! Default: anonymous memory, UFFDIO_COPY from the reply buffer (atomic per page, mode WP).
+//! Zero-copy (`Config::zero_copy`): the area is a memfd mapped twice, the program's view
+//! registered MISSING + MINOR + WP and an alias the runtime writes through; a READ of a wholly
+//! missing unit populates the unit's page-cache pages through the alias while the request
+//! travels, receives the reply straight into them and maps them with UFFDIO_CONTINUE mode WP.
 //! Units partly resident (after a set-count change) and never-written units take UFFDIO_COPY
-//! into the same memfd. Eviction punches the unit out of the memfd (MADV_REMOVE through the
-//! alias) after write-back, which unmaps it from both views. Measured in the same runs
-//! (`dlm-fault`, three runs): zero-copy is 2–9% faster at 16 KiB cross-core, but mostly slower
-//! at 64 KiB and up, on a shared core (the population can no longer overlap the server's work) and when
-//! streaming (shmem allocation and hole punching cost more than anonymous pages, and
-//! read-ahead puts them on the fault path): it stays an option, not the default. Dirty
-//! tracking is the same in both: pages are mapped write-protected and a first write faults.
+//! into the same memfd; eviction punches the unit out of the memfd (MADV_REMOVE). It pays off
+//! only when the client has a core to spare during the round trip, so it is an option.
 //! SIGSEGV mode: the area is a memfd mapped twice, the program's view (PROT_NONE until
 //! installed) and a private read-write view; data is copied through the private view, then
 //! the program's view is opened (mprotect), so no thread ever sees a half-copied page.
+//!
+//! Reply headers are busy-polled briefly before the thread sleeps (`TcpTransport`): on a VM a
+//! wake-up costs about as much as a small transfer.
 
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
@@ -186,6 +148,8 @@ struct Area {
     slot: Vec<u32>,
     /// Per base page: its home holds data written back (else it still reads as zeros).
     home_written: Vec<bool>,
+    /// Per base page: the loop or window being measured faulted on it (`measure.rs`).
+    touched: Vec<u64>,
     /// Sequential-stream detection: end page of the last demand fault and the window.
     last_end: usize,
     window: usize,
@@ -207,6 +171,7 @@ pub(crate) struct State {
     buf: Vec<u8>,
     zeros: Vec<u8>,
     stats: Stats,
+    measure: crate::measure::Measure,
 }
 
 pub(crate) struct Inner {
@@ -306,7 +271,14 @@ impl Dlm {
             });
         }
         let max_units = cfg.local_mem / cfg.base_page + 1;
+        let tuner = crate::tune::TunerConfig {
+            base_page: cfg.base_page,
+            local_mem: cfg.local_mem,
+            min_set: cfg.min_set,
+            max_set: cfg.max_set,
+        };
         let state = State {
+            measure: crate::measure::Measure::new(tuner, cfg.auto_tune, cfg.tune_window, cfg.set_count),
             conns,
             areas: Vec::new(),
             clock: Clock::with_capacity(max_units),
@@ -423,6 +395,7 @@ impl Dlm {
             regions,
             slot: vec![NONE; layout.pages],
             home_written: vec![false; layout.pages],
+            touched: vec![0u64; layout.pages.div_ceil(64)],
             last_end: usize::MAX,
             window: 0,
             _view: view,
@@ -453,12 +426,60 @@ impl Dlm {
             )));
         }
         let mut st = self.inner.lock();
-        st.set_count = count;
-        for a in st.areas.iter_mut().flatten() {
-            a.window = 0;
-            a.last_end = usize::MAX;
-        }
+        st.apply_set_count(count);
         Ok(())
+    }
+
+    /// Begin measuring loop `id` (`dlm_start`): its own unit size comes into force and the
+    /// pages it faults on are recorded until [`Dlm::loop_end`]. Loops do not nest.
+    pub fn loop_start(&self, id: u64) -> Result<(), DlmError> {
+        if id == crate::measure::WINDOW_ID {
+            return Err(DlmError::Config(format!("loop id {id} is reserved for tuning windows")));
+        }
+        let mut st = self.inner.lock();
+        if let Some((other, _)) = st.measure.active {
+            return Err(DlmError::Config(format!("loop {other} is still being measured (no dlm_end yet)")));
+        }
+        let cur = st.set_count;
+        let set = st.measure.loops.entry(id).or_insert_with(|| crate::tune::LoopState::new(cur)).set;
+        st.apply_set_count(set);
+        st.clear_touched();
+        st.measure.active = Some((id, std::time::Instant::now()));
+        Ok(())
+    }
+
+    /// End measuring loop `id` (`dlm_end`): the tuner decides the loop's next unit size, which
+    /// is in force from now on. Returns the decision.
+    pub fn loop_end(&self, id: u64) -> Result<crate::tune::Decision, DlmError> {
+        let mut st = self.inner.lock();
+        let (active, started) =
+            st.measure.active.ok_or_else(|| DlmError::Config(format!("dlm_end({id}) without dlm_start")))?;
+        if active != id {
+            return Err(DlmError::Config(format!("dlm_end({id}) while loop {active} is being measured")));
+        }
+        let time = started.elapsed().as_secs_f64();
+        let touched = st.touched();
+        let tuner = st.measure.tuner;
+        let state = st.measure.loops.get_mut(&id).expect("created at start");
+        let d = crate::tune::decide(&tuner, state, &touched, time, id);
+        let set = state.set;
+        st.measure.log(d);
+        st.measure.active = None;
+        st.measure.reset_window(std::time::Instant::now());
+        st.apply_set_count(set);
+        st.clear_touched();
+        Ok(d)
+    }
+
+    /// Every tuning decision so far, oldest first.
+    pub fn decisions(&self) -> Vec<crate::tune::Decision> {
+        self.inner.lock().measure.decisions.clone()
+    }
+
+    /// The decisions as JSON: `{"decisions": [...], "dropped": N, "table": "..."}`.
+    pub fn decisions_json(&self) -> String {
+        let st = self.inner.lock();
+        decisions_json(&st.measure)
     }
 
     pub fn stats(&self) -> Stats {
@@ -547,6 +568,11 @@ impl Dlm {
     fn stop(&mut self) {
         {
             let mut st = self.inner.lock();
+            if let Some(path) = &self.inner.cfg.decisions_path {
+                if let Err(e) = std::fs::write(path, decisions_json(&st.measure)) {
+                    eprintln!("pagewise dlm: writing the tuner's decisions to {} failed: {e}", path.display());
+                }
+            }
             let addrs: Vec<usize> = st.areas.iter().flatten().map(|a| a.addr).collect();
             for a in addrs {
                 let _ = self.inner.free_locked(&mut st, a);
@@ -576,11 +602,10 @@ fn handler_thread(inner: &Inner) {
     let uffd = inner.uffd.as_ref().expect("handler mode has a uffd");
     let fd = std::os::fd::AsRawFd::as_raw_fd(uffd);
     while !inner.stop.load(Ordering::Acquire) {
-        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd.
-        let rc = unsafe { libc::poll(&mut pfd, 1, 100) };
-        if rc <= 0 {
-            continue;
+        match pagewise_kernel::net::poll(fd, std::time::Duration::from_millis(100)) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => crate::fatal(format_args!("pagewise dlm: waiting for faults failed: {e}")),
         }
         loop {
             match uffd.read_event() {
@@ -680,6 +705,8 @@ impl Inner {
             return Served::Ours;
         }
         st.stats.faults += 1;
+        let t0 = std::time::Instant::now();
+        crate::measure::mark(&mut st.areas[ai].as_mut().expect("present").touched, page);
         let set = st.set_count as usize;
         let layout = st.areas[ai].as_ref().expect("present").layout;
         let (first, count) = layout.unit(page, set);
@@ -744,6 +771,13 @@ impl Inner {
                     self.unprotect(start, len);
                 }
             }
+        }
+        let now = std::time::Instant::now();
+        if st.measure.fault(now - t0, now) {
+            let touched = st.touched();
+            let set = st.measure.close_window(&touched, now);
+            st.apply_set_count(set);
+            st.clear_touched();
         }
         Served::Ours
     }
@@ -1056,7 +1090,40 @@ enum Fill<'a> {
     InPlace,
 }
 
+fn decisions_json(m: &crate::measure::Measure) -> String {
+    serde_json::json!({
+        "decisions": m.decisions,
+        "dropped": m.dropped,
+        "table": crate::tune::format_table(&m.decisions),
+    })
+    .to_string()
+}
+
 impl State {
+    /// Put set count `count` in force (read-ahead windows restart).
+    fn apply_set_count(&mut self, count: u32) {
+        self.set_count = count;
+        for a in self.areas.iter_mut().flatten() {
+            a.window = 0;
+            a.last_end = usize::MAX;
+        }
+    }
+
+    /// For each candidate unit size, the units the pages marked since the last clear touch.
+    fn touched(&self) -> crate::tune::Touched {
+        let mut t = crate::tune::Touched::default();
+        for a in self.areas.iter().flatten() {
+            t.add_bitmap(&a.touched, a.layout.pages, a.layout.max_set as u32);
+        }
+        t
+    }
+
+    fn clear_touched(&mut self) {
+        for a in self.areas.iter_mut().flatten() {
+            a.touched.iter_mut().for_each(|w| *w = 0);
+        }
+    }
+
     /// Send a message or stop the program naming the server and the range concerned.
     fn send(&mut self, srv: usize, mut h: Header, payload: &[u8], start: usize, len: usize) {
         self.flush(srv, start, len);

@@ -119,11 +119,11 @@ impl Server {
     /// Accept and serve clients until `shutdown` is set (checked every 100 ms).
     pub fn run(&self, shutdown: &AtomicBool) -> io::Result<ServerStats> {
         while !shutdown.load(Ordering::Relaxed) {
-            let mut pfd = libc::pollfd { fd: self.listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-            // SAFETY: one valid pollfd; poll only reads/writes it.
-            let rc = unsafe { libc::poll(&mut pfd, 1, 100) };
-            if rc <= 0 {
-                continue; // timeout or EINTR (a signal: re-check the flag)
+            // Timeout or EINTR (a signal): re-check the flag.
+            if !pagewise_kernel::net::poll(self.listener.as_raw_fd(), std::time::Duration::from_millis(100))
+                .map_err(io::Error::other)?
+            {
+                continue;
             }
             match self.listener.accept() {
                 Ok((stream, peer)) => {

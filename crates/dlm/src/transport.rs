@@ -79,21 +79,7 @@ impl TcpTransport {
 
     /// Non-blocking receive into `buf`; Ok(0) when nothing is there yet.
     fn try_recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-        // SAFETY: buf is writable for its length; MSG_DONTWAIT never blocks.
-        let n = unsafe {
-            libc::recv(self.stream.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), libc::MSG_DONTWAIT)
-        };
-        if n > 0 {
-            return Ok(n as usize);
-        }
-        if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed by the server"));
-        }
-        let e = io::Error::last_os_error();
-        match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
-            _ => Err(e),
-        }
+        pagewise_kernel::net::recv_nonblocking(self.stream.as_raw_fd(), buf)
     }
 }
 

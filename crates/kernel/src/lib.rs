@@ -16,6 +16,7 @@ pub mod cpu;
 pub mod error;
 pub mod guard;
 pub mod mem;
+pub mod net;
 pub mod page_idle;
 pub mod pagecache;
 pub mod pagemap_scan;

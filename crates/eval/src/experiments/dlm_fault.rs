@@ -137,6 +137,7 @@ fn dlm_config(
         fault_mode: mode,
         readahead: ra,
         zero_copy,
+        ..Config::default()
     }
 }
 
