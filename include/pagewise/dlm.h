@@ -82,6 +82,13 @@ int dlm_end(uint64_t loop_id);
  * old_size, new_size, loop_time, reason}...], "dropped", "table"} (the seed's per-iteration
  * table as Markdown). Writes at most len bytes including a NUL; returns the full length. */
 long dlm_decisions_json(char *buf, size_t len);
+/* Make [addr, addr + n) DLM memory, n = len rounded down to whole largest units, replacing
+ * what is mapped there (content starts as zeros); returns n or a negative errno. For memory
+ * that must keep its address (the LD_PRELOAD shim's --bss). The caller owns the range. */
+long dlm_alloc_at(void *addr, size_t len);
+/* The process is about to exit: write the decisions to PAGEWISE_DLM_DECISIONS. DLM memory
+ * stays valid until the process ends. */
+int dlm_finish(void);
 /* Free every area and stop the runtime. */
 int dlm_shutdown(void);
 

@@ -9,6 +9,7 @@ mod doctor;
 mod eval;
 mod hps;
 mod reclaim;
+mod run;
 
 /// Pagewise: five research memory-management systems on the kernel you already run.
 ///
@@ -28,6 +29,7 @@ enum Command {
     Hps(hps::Args),
     Reclaimd(reclaim::DaemonArgs),
     Reclaim(reclaim::Args),
+    Run(run::Args),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +41,7 @@ fn main() -> ExitCode {
         Command::Hps(a) => hps::run(a),
         Command::Reclaimd(a) => reclaim::run_daemon(a),
         Command::Reclaim(a) => reclaim::run(a),
+        Command::Run(a) => run::run(a),
     };
     match result {
         Ok(code) => code,

@@ -278,3 +278,34 @@ pub unsafe extern "C" fn dlm_decisions_json(buf: *mut c_char, len: usize) -> isi
     });
     r.unwrap_or(-(libc::EFAULT as isize))
 }
+
+/// Make `[addr, addr + n)` DLM memory, n = `len` rounded down to whole largest units, replacing
+/// what is mapped there (its content starts as zeros). Returns n or a negative errno.
+///
+/// # Safety
+/// The caller owns `[addr, addr + len)`: nothing else uses or unmaps what is there now.
+#[no_mangle]
+pub unsafe extern "C" fn dlm_alloc_at(addr: *mut c_void, len: usize) -> isize {
+    let r = std::panic::catch_unwind(|| {
+        let g = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(d) = g.as_ref() else { return -(libc::ENODEV as isize) };
+        // SAFETY: forwarded contract.
+        match unsafe { d.alloc_at(addr as usize, len) } {
+            Ok(n) => n as isize,
+            Err(e) => e.errno() as isize,
+        }
+    });
+    r.unwrap_or(-(libc::EFAULT as isize))
+}
+
+/// The process is about to exit: write the tuner's decisions (PAGEWISE_DLM_DECISIONS). DLM
+/// memory stays valid (other threads may still use it until the process ends).
+#[no_mangle]
+pub extern "C" fn dlm_finish() -> c_int {
+    guard(|| {
+        let g = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(d) = g.as_ref() else { return -libc::ENODEV };
+        d.write_decisions();
+        0
+    })
+}

@@ -74,6 +74,9 @@ pub struct Config {
     /// naming the server (`None`: wait forever). Also bounds how long a dead peer goes unseen
     /// (TCP keepalive and TCP_USER_TIMEOUT).
     pub fault_timeout: Option<std::time::Duration>,
+    /// Areas are not inherited by children made with fork(2) (MADV_DONTFORK): a child would
+    /// otherwise see zeros where the parent's pages live on a server. `pagewise run` sets it.
+    pub dont_fork: bool,
 }
 
 impl Default for Config {
@@ -92,6 +95,7 @@ impl Default for Config {
             tune_window: std::time::Duration::from_millis(200),
             decisions_path: None,
             fault_timeout: Some(std::time::Duration::from_secs(30)),
+            dont_fork: false,
         }
     }
 }
@@ -118,7 +122,7 @@ impl Config {
     /// `PAGEWISE_DLM_MAX_SET`, `PAGEWISE_DLM_SET_COUNT`, `PAGEWISE_DLM_FAULT_MODE`,
     /// `PAGEWISE_DLM_READAHEAD`, `PAGEWISE_DLM_ZERO_COPY` (0/1), `PAGEWISE_DLM_AUTO_TUNE` (0/1),
     /// `PAGEWISE_DLM_MIN_SET`, `PAGEWISE_DLM_TUNE_WINDOW_MS`, `PAGEWISE_DLM_DECISIONS` (a file),
-    /// `PAGEWISE_DLM_FAULT_TIMEOUT_MS` (0: none) through `get`.
+    /// `PAGEWISE_DLM_FAULT_TIMEOUT_MS` (0: none), `PAGEWISE_DLM_DONTFORK` (0/1) through `get`.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, DlmError> {
         let mut c = Config::default();
         let servers =
@@ -160,6 +164,9 @@ impl Config {
         }
         if let Some(v) = get("PAGEWISE_DLM_DECISIONS") {
             c.decisions_path = Some(v.into());
+        }
+        if let Some(v) = get("PAGEWISE_DLM_DONTFORK") {
+            c.dont_fork = num("PAGEWISE_DLM_DONTFORK", v)? != 0;
         }
         if let Some(v) = get("PAGEWISE_DLM_FAULT_TIMEOUT_MS") {
             let ms = num("PAGEWISE_DLM_FAULT_TIMEOUT_MS", v)?;

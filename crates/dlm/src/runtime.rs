@@ -329,6 +329,29 @@ impl Dlm {
 
     /// A new area of `len` bytes: ordinary memory to every thread, backed by the servers.
     pub fn alloc(&self, len: usize) -> Result<*mut u8, DlmError> {
+        self.alloc_inner(len, None)
+    }
+
+    /// Make `[addr, addr + n)` an area, where n is `len` rounded down to whole largest units
+    /// (returned), replacing what is mapped there now; its content starts as zeros. For memory
+    /// that must keep its address, such as a program's zero-initialised data (`pagewise run
+    /// --bss`). Userfaultfd modes on anonymous memory only (not zero-copy, not SIGSEGV).
+    ///
+    /// # Safety
+    /// The caller owns `[addr, addr + len)`: nothing else uses or unmaps what is there now.
+    pub unsafe fn alloc_at(&self, addr: usize, len: usize) -> Result<usize, DlmError> {
+        let n = len / self.inner.cfg.block() * self.inner.cfg.block();
+        if n == 0 {
+            return Err(DlmError::Config(format!("{len} bytes are less than one largest unit")));
+        }
+        if self.inner.mode == FaultMode::Sigsegv || self.inner.zero_copy {
+            return Err(DlmError::Config("a fixed-address area needs anonymous userfaultfd memory".into()));
+        }
+        self.alloc_inner(n, Some(addr))?;
+        Ok(n)
+    }
+
+    fn alloc_inner(&self, len: usize, at: Option<usize>) -> Result<*mut u8, DlmError> {
         if len == 0 {
             return Err(DlmError::Config("zero-length allocation".into()));
         }
@@ -340,7 +363,16 @@ impl Dlm {
         if layout.pages >= INFLIGHT as usize {
             return Err(DlmError::Config(format!("allocation of {len} bytes has too many pages")));
         }
-        let (view, staging, alias) = if self.inner.mode == FaultMode::Sigsegv {
+        let (view, staging, alias) = if let Some(addr) = at {
+            let opts = MapOptions { noreserve: true, ..Default::default() };
+            // SAFETY: alloc_at's contract: the caller owns [addr, addr+len), and bytes == len
+            // (len is whole largest units).
+            let view = unsafe { Mapping::anonymous_at(addr, bytes, &opts) }?;
+            madvise(view.addr(), bytes, Advice::NoHugePage)?;
+            let uffd = self.inner.uffd.as_ref().expect("userfaultfd modes have a uffd");
+            uffd.register(view.addr(), bytes, RegisterMode { missing: true, write_protect: true, minor: false })?;
+            (view, None, None)
+        } else if self.inner.mode == FaultMode::Sigsegv {
             let fd = memfd_create("pagewise-dlm", None)?;
             pagewise_kernel::mem::ftruncate(&fd, bytes as u64)?;
             let view =
@@ -365,6 +397,12 @@ impl Dlm {
             uffd.register(view.addr(), bytes, RegisterMode { missing: true, write_protect: true, minor: false })?;
             (view, None, None)
         };
+        if cfg.dont_fork {
+            madvise(view.addr(), bytes, Advice::DontFork)?;
+            for (m, _) in staging.iter().chain(alias.iter()) {
+                madvise(m.addr(), bytes, Advice::DontFork)?;
+            }
+        }
         let mut regions = vec![0u32; st.conns.len()];
         for s in 0..st.conns.len() {
             let pages = layout.region_pages(s);
@@ -471,6 +509,13 @@ impl Dlm {
         Ok(d)
     }
 
+    /// Write the tuner's decisions to `Config::decisions_path` (if set) now; the runtime keeps
+    /// running. For a process about to exit (`dlm_finish`).
+    pub fn write_decisions(&self) {
+        let st = self.inner.lock();
+        write_decisions(&self.inner.cfg, &st.measure);
+    }
+
     /// Every tuning decision so far, oldest first.
     pub fn decisions(&self) -> Vec<crate::tune::Decision> {
         self.inner.lock().measure.decisions.clone()
@@ -568,11 +613,7 @@ impl Dlm {
     fn stop(&mut self) {
         {
             let mut st = self.inner.lock();
-            if let Some(path) = &self.inner.cfg.decisions_path {
-                if let Err(e) = std::fs::write(path, decisions_json(&st.measure)) {
-                    eprintln!("pagewise dlm: writing the tuner's decisions to {} failed: {e}", path.display());
-                }
-            }
+            write_decisions(&self.inner.cfg, &st.measure);
             let addrs: Vec<usize> = st.areas.iter().flatten().map(|a| a.addr).collect();
             for a in addrs {
                 let _ = self.inner.free_locked(&mut st, a);
@@ -1088,6 +1129,14 @@ enum Fill<'a> {
     Data(&'a [u8]),
     /// Already in the area's page cache, received through the alias (zero-copy).
     InPlace,
+}
+
+fn write_decisions(cfg: &Config, m: &crate::measure::Measure) {
+    if let Some(path) = &cfg.decisions_path {
+        if let Err(e) = std::fs::write(path, decisions_json(m)) {
+            eprintln!("pagewise dlm: writing the tuner's decisions to {} failed: {e}", path.display());
+        }
+    }
 }
 
 fn decisions_json(m: &crate::measure::Measure) -> String {
