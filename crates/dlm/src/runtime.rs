@@ -119,12 +119,50 @@ enum Pending {
         first: usize,
         count: usize,
         direct: bool,
+        sent: Sent,
     },
     Write {
         area: u32,
         first: usize,
         count: usize,
+        sent: Sent,
     },
+}
+
+/// What a request named, so its reply can be checked against it before any byte is used.
+#[derive(Clone, Copy)]
+struct Sent {
+    id: u32,
+    region: u32,
+    page: u64,
+    set_count: u32,
+}
+
+impl Sent {
+    fn of(h: &Header) -> Self {
+        Sent { id: h.request_id, region: h.region, page: h.page, set_count: h.set_count }
+    }
+
+    /// Why `rep` cannot be the reply to this request (op: its opcode), if it cannot.
+    fn mismatch(&self, rep: &Header, op: Opcode, payload: usize) -> Option<&'static str> {
+        if rep.magic != crate::proto::MAGIC {
+            Some("bad magic")
+        } else if rep.version != crate::proto::VERSION {
+            Some("bad protocol version")
+        } else if rep.opcode != op as u8 | crate::proto::REPLY_BIT {
+            Some("reply to another operation")
+        } else if rep.request_id != self.id {
+            Some("reply to another request id")
+        } else if rep.region != self.region {
+            Some("reply for another region")
+        } else if rep.page != self.page || rep.set_count != self.set_count {
+            Some("reply for other pages")
+        } else if rep.status == Status::Ok as u16 && rep.length as usize != payload {
+            Some("reply of the wrong length")
+        } else {
+            None
+        }
+    }
 }
 
 struct Conn {
@@ -261,7 +299,9 @@ impl Dlm {
         };
         let mut conns = Vec::new();
         for addr in &cfg.servers {
-            let t = TcpTransport::connect(addr).map_err(|e| DlmError::Connect { server: addr.clone(), source: e })?;
+            let t = TcpTransport::connect(addr)
+                .and_then(|t| t.with_timeout(cfg.fault_timeout))
+                .map_err(|e| DlmError::Connect { server: addr.clone(), source: e })?;
             conns.push(Conn {
                 t: Box::new(t),
                 addr: addr.clone(),
@@ -899,8 +939,8 @@ impl Inner {
             // SAFETY: [start, start+len) is resident and now write-protected; reading it does
             // not fault and nobody can change it until it is dropped below.
             let data = unsafe { std::slice::from_raw_parts(start as *const u8, len) };
-            st.send(srv, h, data, start, len);
-            st.conns[srv].pending.push_back(Pending::Write { area: e.area, first, count });
+            let sent = st.send(srv, h, data, start, len);
+            st.conns[srv].pending.push_back(Pending::Write { area: e.area, first, count, sent });
             st.stats.writebacks += 1;
             st.stats.writeback_bytes += len as u64;
             let a = st.areas[ai].as_mut().expect("live");
@@ -967,8 +1007,8 @@ impl Inner {
         h.page = spage as u64;
         h.set_count = count as u32;
         let start = a.addr + first * b;
-        st.queue_read(srv, h, start, count * b);
-        st.conns[srv].pending.push_back(Pending::Read { area: ai as u32, first, count, direct });
+        let sent = st.queue_read(srv, h, start, count * b);
+        st.conns[srv].pending.push_back(Pending::Read { area: ai as u32, first, count, direct, sent });
         if !readahead {
             // A demand fault waits for this reply: it leaves now.
             st.flush(srv, start, count * b);
@@ -990,30 +1030,51 @@ impl Inner {
     fn complete_one(&self, st: &mut State, srv: usize) -> bool {
         let Some(p) = st.conns[srv].pending.pop_front() else { return false };
         let b = self.cfg.base_page;
-        let (ai, first, count, is_read, direct) = match p {
-            Pending::Read { area, first, count, direct } => (area as usize, first, count, true, direct),
-            Pending::Write { area, first, count } => (area as usize, first, count, false, false),
+        let (ai, first, count, is_read, direct, sent) = match p {
+            Pending::Read { area, first, count, direct, sent } => (area as usize, first, count, true, direct, sent),
+            Pending::Write { area, first, count, sent } => (area as usize, first, count, false, false, sent),
         };
         let start = st.areas[ai].as_ref().map(|a| a.addr + first * b).unwrap_or(0);
         st.flush(srv, start, count * b);
         let h = match st.conns[srv].t.recv_header() {
             Ok(h) => h,
-            Err(e) => st.fail(srv, &format!("connection lost: {e}"), start, count * b),
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => st.fail(
+                srv,
+                &format_args!(
+                    "no reply within {:?} (the server is stopped, hung or cut off)",
+                    self.cfg.fault_timeout.unwrap_or_default()
+                ),
+                start,
+                count * b,
+            ),
+            Err(e) => st.fail(srv, &format_args!("connection lost: {e}"), start, count * b),
         };
         let op = if is_read { Opcode::Read } else { Opcode::Write };
-        if h.status != Status::Ok as u16 || h.opcode != op as u8 | crate::proto::REPLY_BIT {
+        // Every reply is checked against its request before a byte of it is used: a reply
+        // that does not match stops the program, it never installs bytes (issue 9).
+        if let Some(why) = sent.mismatch(&h, op, if is_read { count * b } else { 0 }) {
+            st.fail(
+                srv,
+                &format_args!(
+                    "{why} (got opcode {:#x} status {} id {} region {} page {} set {} length {}; sent id {} region {} page {} set {})",
+                    h.opcode, h.status, h.request_id, h.region, h.page, h.set_count, h.length,
+                    sent.id, sent.region, sent.page, sent.set_count
+                ),
+                start,
+                count * b,
+            );
+        }
+        if h.status != Status::Ok as u16 {
             let mut msg = [0u8; 256];
             let n = (h.length as usize).min(msg.len());
             let _ = st.conns[srv].t.recv_payload(&mut msg[..n]);
-            let text = String::from_utf8_lossy(&msg[..n]).into_owned();
+            // No allocation here either: this may run in a signal handler.
+            let text = std::str::from_utf8(&msg[..n]).unwrap_or("(message not UTF-8)");
             let name = Status::from_u16(h.status).map(|s| s.name()).unwrap_or("unknown status");
-            st.fail(srv, &format!("error reply {name} to {op:?}: {text}"), start, count * b);
+            st.fail(srv, &format_args!("error reply {name} to {op:?}: {text}"), start, count * b);
         }
         if !is_read {
             return true;
-        }
-        if h.length as usize != count * b {
-            st.fail(srv, &format!("READ reply of {} bytes, expected {}", h.length, count * b), start, count * b);
         }
         if direct {
             let alias = st.areas[ai].as_ref().and_then(|a| a.alias.as_ref()).expect("zero-copy area").0.addr();
@@ -1022,7 +1083,7 @@ impl Inner {
             // else in the runtime holds a reference to them.
             let dst = unsafe { std::slice::from_raw_parts_mut((alias + first * b) as *mut u8, count * b) };
             if let Err(e) = st.conns[srv].t.recv_payload(dst) {
-                st.fail(srv, &format!("connection lost: {e}"), start, count * b);
+                st.fail(srv, &format_args!("connection lost: {e}"), start, count * b);
             }
             st.stats.fetched_units += 1;
             st.stats.fetched_bytes += (count * b) as u64;
@@ -1031,7 +1092,7 @@ impl Inner {
         }
         let mut buf = std::mem::take(&mut st.buf);
         if let Err(e) = st.conns[srv].t.recv_payload(&mut buf[..count * b]) {
-            st.fail(srv, &format!("connection lost: {e}"), start, count * b);
+            st.fail(srv, &format_args!("connection lost: {e}"), start, count * b);
         }
         st.stats.fetched_units += 1;
         st.stats.fetched_bytes += (count * b) as u64;
@@ -1174,19 +1235,20 @@ impl State {
     }
 
     /// Send a message or stop the program naming the server and the range concerned.
-    fn send(&mut self, srv: usize, mut h: Header, payload: &[u8], start: usize, len: usize) {
+    fn send(&mut self, srv: usize, mut h: Header, payload: &[u8], start: usize, len: usize) -> Sent {
         self.flush(srv, start, len);
         let c = &mut self.conns[srv];
         h.request_id = c.next_id;
         c.next_id = c.next_id.wrapping_add(1);
         h.length = payload.len() as u32;
         if let Err(e) = c.t.send(&h, payload) {
-            self.fail(srv, &format!("connection lost: {e}"), start, len);
+            self.fail(srv, &format_args!("connection lost: {e}"), start, len);
         }
+        Sent::of(&h)
     }
 
     /// Queue a payload-less request (READ) to leave with the next [`State::flush`].
-    fn queue_read(&mut self, srv: usize, mut h: Header, start: usize, len: usize) {
+    fn queue_read(&mut self, srv: usize, mut h: Header, start: usize, len: usize) -> Sent {
         if self.conns[srv].corked.len() == self.conns[srv].corked.capacity() {
             self.flush(srv, start, len);
         }
@@ -1195,6 +1257,7 @@ impl State {
         c.next_id = c.next_id.wrapping_add(1);
         h.length = 0;
         c.corked.push(h);
+        Sent::of(&h)
     }
 
     /// Send the queued requests of server `srv` (`start`/`len`: the range named on failure).
@@ -1206,11 +1269,11 @@ impl State {
         let r = c.t.send_headers(&c.corked);
         c.corked.clear();
         if let Err(e) = r {
-            self.fail(srv, &format!("connection lost: {e}"), start, len);
+            self.fail(srv, &format_args!("connection lost: {e}"), start, len);
         }
     }
 
-    fn fail(&self, srv: usize, what: &str, start: usize, len: usize) -> ! {
+    fn fail(&self, srv: usize, what: &std::fmt::Arguments<'_>, start: usize, len: usize) -> ! {
         let c = &self.conns[srv];
         crate::fatal(format_args!(
             "pagewise dlm: memory server {srv} ({}) failed: {what}; it is the home of pages \

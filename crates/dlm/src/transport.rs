@@ -71,6 +71,20 @@ impl TcpTransport {
         })
     }
 
+    /// Fail a receive that waits longer than `timeout` for the server (ErrorKind::TimedOut),
+    /// and let TCP itself give up on a dead or partitioned peer within about `timeout`
+    /// (keepalive, TCP_USER_TIMEOUT). A stopped server still acknowledges at the TCP level,
+    /// so the receive timeout is what catches it.
+    pub fn with_timeout(self, timeout: Option<Duration>) -> io::Result<Self> {
+        let fd = self.stream.as_raw_fd();
+        let io = |e: pagewise_kernel::Error| io::Error::other(e.to_string());
+        if let Some(t) = timeout {
+            pagewise_kernel::net::set_dead_peer_timeout(fd, t).map_err(io)?;
+        }
+        pagewise_kernel::net::set_recv_timeout(fd, timeout).map_err(io)?;
+        Ok(self)
+    }
+
     /// Set the busy-poll budget (zero: always block).
     pub fn with_spin(mut self, spin: Duration) -> Self {
         self.spin = spin;
@@ -104,6 +118,15 @@ pub fn write_two(w: &mut impl Write, head: &[u8], body: &[u8]) -> io::Result<()>
     Ok(())
 }
 
+/// SO_RCVTIMEO expiring shows as EAGAIN: call it what it is (no allocation).
+fn timed_out(e: io::Error) -> io::Error {
+    if e.kind() == io::ErrorKind::WouldBlock {
+        io::ErrorKind::TimedOut.into()
+    } else {
+        e
+    }
+}
+
 impl Transport for TcpTransport {
     fn send(&mut self, header: &Header, payload: &[u8]) -> io::Result<()> {
         write_two(&mut self.stream, &header.encode(), payload)
@@ -131,12 +154,12 @@ impl Transport for TcpTransport {
                 got += n;
             }
         }
-        self.stream.read_exact(&mut b[got..])?;
+        self.stream.read_exact(&mut b[got..]).map_err(timed_out)?;
         Ok(Header::decode(&b))
     }
 
     fn recv_payload(&mut self, buf: &mut [u8]) -> io::Result<()> {
-        self.stream.read_exact(buf)
+        self.stream.read_exact(buf).map_err(timed_out)
     }
 
     fn peer(&self) -> String {

@@ -30,7 +30,7 @@ pub fn poll(fd: RawFd, timeout: Duration) -> Result<bool> {
 
 /// Receive without blocking into `buf` (recv(2) with MSG_DONTWAIT): `Ok(n)` bytes, `Ok(0)` when
 /// nothing is there yet (EAGAIN, EINTR), an UnexpectedEof error when the peer closed. Returns
-/// `io::Error` because callers sit on `io::Read`-style paths; allocation-free.
+/// `io::Error` because callers sit on `io::Read`-style paths; allocation-free, also on errors.
 pub fn recv_nonblocking(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: buf is writable for its length; MSG_DONTWAIT never blocks.
     let n = unsafe { libc::recv(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), libc::MSG_DONTWAIT) };
@@ -38,7 +38,8 @@ pub fn recv_nonblocking(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
         return Ok(n as usize);
     }
     if n == 0 {
-        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed by the peer"));
+        // From a kind: no allocation (callers may be in a signal handler).
+        return Err(io::ErrorKind::UnexpectedEof.into());
     }
     let e = io::Error::last_os_error();
     match e.kind() {
