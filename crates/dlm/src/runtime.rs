@@ -8,7 +8,8 @@
 //! 1. the unit is the s-page range aligned to s around p (`Layout::unit`);
 //! 2. if it is already on its way (read-ahead), the replies queued before it on its home's
 //!    connection are installed in order, then it;
-//! 3. otherwise room is made under the local limit (CLOCK victims; clean ones dropped, dirty
+//! 3. otherwise room is made under the local limit (CLOCK victims — in effect FIFO, as reads
+//!    of resident units are not seen (lib.rs); clean ones dropped, dirty
 //!    ones written back first), a READ is sent to the home and its reply installed. Pages that
 //!    were never written back are installed as zeros without a message;
 //! 4. faults that continue a sequential run grow a read-ahead window: READs for the next units
