@@ -1,6 +1,10 @@
 //! The client runtime: DLM areas, their fault handling, page sets, the local limit, eviction
 //! and write-back.
 //!
+//! Where things are: this file holds the API (`Dlm`), the areas, the resident set and its
+//! eviction, requesting and installing units; `runtime/fault.rs` the fault path (handler
+//! thread, `serve`); `runtime/remote.rs` the connections and the checking of every reply.
+//!
 //! # How a fault is served
 //! All state sits behind one mutex (`State`); a fault is served by whoever receives it — the
 //! handler thread (userfaultfd messages) or the faulting thread itself (SIGBUS / SIGSEGV
@@ -58,13 +62,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use pagewise_kernel::mem::{madvise, memfd_create, mprotect, Advice, MapOptions, Mapping, Protection};
-use pagewise_kernel::uffd::{feature, Event, RegisterMode, Uffd, UffdBuilder};
+use pagewise_kernel::uffd::{feature, RegisterMode, Uffd, UffdBuilder};
+
+mod fault;
+mod remote;
 
 use crate::clock::Clock;
 use crate::config::{Config, FaultMode};
 use crate::layout::Layout;
-use crate::proto::{Header, Opcode, Status};
-use crate::transport::{TcpTransport, Transport};
+use crate::proto::{Header, Opcode};
+use crate::transport::TcpTransport;
 use crate::DlmError;
 
 /// Page table value: not resident.
@@ -111,70 +118,6 @@ struct Entry {
     first: u32,
     count: u32,
     dirty: bool,
-}
-
-enum Pending {
-    /// `direct`: the reply goes straight into the area's page cache (zero-copy mode).
-    Read {
-        area: u32,
-        first: usize,
-        count: usize,
-        direct: bool,
-        sent: Sent,
-    },
-    Write {
-        area: u32,
-        first: usize,
-        count: usize,
-        sent: Sent,
-    },
-}
-
-/// What a request named, so its reply can be checked against it before any byte is used.
-#[derive(Clone, Copy)]
-struct Sent {
-    id: u32,
-    region: u32,
-    page: u64,
-    set_count: u32,
-}
-
-impl Sent {
-    fn of(h: &Header) -> Self {
-        Sent { id: h.request_id, region: h.region, page: h.page, set_count: h.set_count }
-    }
-
-    /// Why `rep` cannot be the reply to this request (op: its opcode), if it cannot.
-    fn mismatch(&self, rep: &Header, op: Opcode, payload: usize) -> Option<&'static str> {
-        if rep.magic != crate::proto::MAGIC {
-            Some("bad magic")
-        } else if rep.version != crate::proto::VERSION {
-            Some("bad protocol version")
-        } else if rep.opcode != op as u8 | crate::proto::REPLY_BIT {
-            Some("reply to another operation")
-        } else if rep.request_id != self.id {
-            Some("reply to another request id")
-        } else if rep.region != self.region {
-            Some("reply for another region")
-        } else if rep.page != self.page || rep.set_count != self.set_count {
-            Some("reply for other pages")
-        } else if rep.status == Status::Ok as u16 && rep.length as usize != payload {
-            Some("reply of the wrong length")
-        } else {
-            None
-        }
-    }
-}
-
-struct Conn {
-    t: Box<dyn Transport>,
-    addr: String,
-    next_id: u32,
-    pending: VecDeque<Pending>,
-    /// READ requests queued (already in `pending`) but not yet sent: read-ahead requests leave
-    /// in one batch (`State::flush`); anything that sends or receives on the connection
-    /// flushes first, so replies still come in `pending` order.
-    corked: Vec<Header>,
 }
 
 struct Area {
@@ -229,6 +172,10 @@ pub struct Dlm {
     handler: Option<JoinHandle<()>>,
     signal: Option<crate::signals::Installed>,
 }
+
+use fault::handler_thread;
+pub(crate) use fault::Served;
+use remote::{Conn, Pending};
 
 /// The runtime the signal handlers serve; set while a signal mode is active.
 pub(crate) static ACTIVE: AtomicPtr<Inner> = AtomicPtr::new(std::ptr::null_mut());
@@ -680,43 +627,6 @@ impl Drop for Dlm {
     }
 }
 
-fn handler_thread(inner: &Inner) {
-    let uffd = inner.uffd.as_ref().expect("handler mode has a uffd");
-    let fd = std::os::fd::AsRawFd::as_raw_fd(uffd);
-    while !inner.stop.load(Ordering::Acquire) {
-        match pagewise_kernel::net::poll(fd, std::time::Duration::from_millis(100)) {
-            Ok(true) => {}
-            Ok(false) => continue,
-            Err(e) => crate::fatal(format_args!("pagewise dlm: waiting for faults failed: {e}")),
-        }
-        loop {
-            match uffd.read_event() {
-                Ok(Some(Event::Pagefault { addr, write, .. })) => {
-                    // A panic here would leave the faulting thread waiting forever: stop instead.
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        let mut st = inner.lock();
-                        inner.serve(&mut st, addr, write);
-                    }));
-                    if r.is_err() {
-                        crate::fatal(format_args!("pagewise dlm: the fault handler failed at {addr:#x}"));
-                    }
-                }
-                Ok(Some(_)) => {}
-                Ok(None) => break,
-                Err(e) => {
-                    crate::fatal(format_args!("pagewise dlm: reading the userfaultfd failed: {e}"));
-                }
-            }
-        }
-    }
-}
-
-/// Result of a fault lookup.
-pub(crate) enum Served {
-    Ours,
-    NotOurs,
-}
-
 impl Inner {
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -758,125 +668,9 @@ impl Inner {
         Ok(())
     }
 
-    /// Serve a fault at `addr` (write: known to be a write). Fatal on server failure.
-    pub(crate) fn serve(&self, st: &mut State, addr: usize, write: bool) -> Served {
-        let Some(ai) =
-            st.areas.iter().position(|a| a.as_ref().is_some_and(|a| addr >= a.addr && addr < a.addr + a.len))
-        else {
-            return Served::NotOurs;
-        };
-        let b = self.cfg.base_page;
-        let (page, a_addr) = {
-            let a = st.areas[ai].as_ref().expect("present");
-            ((addr - a.addr) / b, a.addr)
-        };
-        let slot = st.areas[ai].as_ref().expect("present").slot[page];
-        if slot != NONE && slot != INFLIGHT {
-            // Resident: a first write (WP / PROT_READ), or a fault that lost a race.
-            let e = *st.clock.get(slot as usize).expect("live slot");
-            st.clock.touch(slot as usize);
-            let start = a_addr + e.first as usize * b;
-            let len = e.count as usize * b;
-            if !e.dirty && (write || self.mode != FaultMode::HandlerThread) {
-                st.clock.get_mut(slot as usize).expect("live").dirty = true;
-                st.stats.wp_faults += 1;
-                self.unprotect(start, len);
-            } else if let Some(u) = &self.uffd {
-                let _ = u.wake(start, len);
-            }
-            return Served::Ours;
-        }
-        st.stats.faults += 1;
-        let t0 = std::time::Instant::now();
-        crate::measure::mark(&mut st.areas[ai].as_mut().expect("present").touched, page);
-        let set = st.set_count as usize;
-        let layout = st.areas[ai].as_ref().expect("present").layout;
-        let (first, count) = layout.unit(page, set);
-        let was_inflight = slot == INFLIGHT;
-        if !was_inflight {
-            self.request(st, ai, first, count, false);
-        }
-        // Read-ahead: a fault that continues the last one (or lands on read-ahead) grows the
-        // window; anything else resets it.
-        let ra = {
-            let a = st.areas[ai].as_mut().expect("present");
-            a.window = crate::layout::next_window(a.window, was_inflight || first == a.last_end, self.cfg.readahead);
-            a.last_end = first + count;
-            a.window
-        };
-        // Keep read-ahead within a quarter of the local limit so it never evicts the stream.
-        let ra = ra.min(self.cfg.local_mem / 4 / (set * b)).min(MAX_PENDING / 2);
-        // Top the window up in batches: only once less than half of it is still ahead, then
-        // all of it, so the requests leave in one message (and the room is made in one go).
-        let mut next = first + count;
-        let mut ahead = 0;
-        while ahead < ra && next < layout.pages {
-            let (f, c) = layout.unit(next, set);
-            if st.areas[ai].as_ref().expect("present").slot[f..f + c].contains(&NONE) {
-                break;
-            }
-            ahead += 1;
-            next = f + c;
-        }
-        if ra < 4 || ahead * 2 < ra {
-            // Room for the whole batch at once: its victims are dropped together.
-            self.make_room(st, (ra - ahead) * set * b);
-            for _ in ahead..ra {
-                if next >= layout.pages {
-                    break;
-                }
-                let (f, c) = layout.unit(next, set);
-                let a = st.areas[ai].as_ref().expect("present");
-                if a.slot[f..f + c].contains(&NONE) {
-                    self.request(st, ai, f, c, true);
-                }
-                next = f + c;
-            }
-            for s in 0..st.conns.len() {
-                st.flush(s, a_addr + first * b, count * b);
-            }
-        }
-        // Install everything queued up to and including the faulting page.
-        let (srv, _) = layout.home(page);
-        while st.areas[ai].as_ref().expect("present").slot[page] == INFLIGHT {
-            if !self.complete_one(st, srv) {
-                crate::fatal(format_args!("pagewise dlm: internal error: page {page} in flight but nothing pending"));
-            }
-        }
-        if write {
-            // Known write: open the unit now instead of taking a second (WP) fault.
-            let s = st.areas[ai].as_ref().expect("present").slot[page] as usize;
-            if let Some(e) = st.clock.get_mut(s) {
-                if !e.dirty {
-                    e.dirty = true;
-                    let (start, len) = (a_addr + e.first as usize * b, e.count as usize * b);
-                    self.unprotect(start, len);
-                }
-            }
-        }
-        let now = std::time::Instant::now();
-        if st.measure.fault(now - t0, now) {
-            let touched = st.touched();
-            let set = st.measure.close_window(&touched, now);
-            st.apply_set_count(set);
-            st.clear_touched();
-        }
-        Served::Ours
-    }
-
     fn drain_all(&self, st: &mut State) {
         for s in 0..st.conns.len() {
             while self.complete_one(st, s) {}
-        }
-    }
-
-    fn unprotect(&self, start: usize, len: usize) {
-        let r = match &self.uffd {
-            Some(u) => u.write_protect(start, len, false, true),
-            None => mprotect(start, len, Protection::ReadWrite),
-        };
-        if let Err(e) = r {
-            crate::fatal(format_args!("pagewise dlm: opening {start:#x}+{len:#x} for writing failed: {e}"));
         }
     }
 
@@ -1027,81 +821,6 @@ impl Inner {
         }
     }
 
-    /// Take the next reply owed by server `srv`; false when none is owed.
-    fn complete_one(&self, st: &mut State, srv: usize) -> bool {
-        let Some(p) = st.conns[srv].pending.pop_front() else { return false };
-        let b = self.cfg.base_page;
-        let (ai, first, count, is_read, direct, sent) = match p {
-            Pending::Read { area, first, count, direct, sent } => (area as usize, first, count, true, direct, sent),
-            Pending::Write { area, first, count, sent } => (area as usize, first, count, false, false, sent),
-        };
-        let start = st.areas[ai].as_ref().map(|a| a.addr + first * b).unwrap_or(0);
-        st.flush(srv, start, count * b);
-        let h = match st.conns[srv].t.recv_header() {
-            Ok(h) => h,
-            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => st.fail(
-                srv,
-                &format_args!(
-                    "no reply within {:?} (the server is stopped, hung or cut off)",
-                    self.cfg.fault_timeout.unwrap_or_default()
-                ),
-                start,
-                count * b,
-            ),
-            Err(e) => st.fail(srv, &format_args!("connection lost: {e}"), start, count * b),
-        };
-        let op = if is_read { Opcode::Read } else { Opcode::Write };
-        // Every reply is checked against its request before a byte of it is used: a reply
-        // that does not match stops the program, it never installs bytes (issue 9).
-        if let Some(why) = sent.mismatch(&h, op, if is_read { count * b } else { 0 }) {
-            st.fail(
-                srv,
-                &format_args!(
-                    "{why} (got opcode {:#x} status {} id {} region {} page {} set {} length {}; sent id {} region {} page {} set {})",
-                    h.opcode, h.status, h.request_id, h.region, h.page, h.set_count, h.length,
-                    sent.id, sent.region, sent.page, sent.set_count
-                ),
-                start,
-                count * b,
-            );
-        }
-        if h.status != Status::Ok as u16 {
-            let mut msg = [0u8; 256];
-            let n = (h.length as usize).min(msg.len());
-            let _ = st.conns[srv].t.recv_payload(&mut msg[..n]);
-            // No allocation here either: this may run in a signal handler.
-            let text = std::str::from_utf8(&msg[..n]).unwrap_or("(message not UTF-8)");
-            let name = Status::from_u16(h.status).map(|s| s.name()).unwrap_or("unknown status");
-            st.fail(srv, &format_args!("error reply {name} to {op:?}: {text}"), start, count * b);
-        }
-        if !is_read {
-            return true;
-        }
-        if direct {
-            let alias = st.areas[ai].as_ref().and_then(|a| a.alias.as_ref()).expect("zero-copy area").0.addr();
-            // SAFETY: the alias maps the memfd read-write and covers the unit; its pages are
-            // in flight, so the program cannot see them (not mapped in its view yet) and nothing
-            // else in the runtime holds a reference to them.
-            let dst = unsafe { std::slice::from_raw_parts_mut((alias + first * b) as *mut u8, count * b) };
-            if let Err(e) = st.conns[srv].t.recv_payload(dst) {
-                st.fail(srv, &format_args!("connection lost: {e}"), start, count * b);
-            }
-            st.stats.fetched_units += 1;
-            st.stats.fetched_bytes += (count * b) as u64;
-            self.install(st, ai, first, count, Fill::InPlace);
-            return true;
-        }
-        let mut buf = std::mem::take(&mut st.buf);
-        if let Err(e) = st.conns[srv].t.recv_payload(&mut buf[..count * b]) {
-            st.fail(srv, &format_args!("connection lost: {e}"), start, count * b);
-        }
-        st.stats.fetched_units += 1;
-        st.stats.fetched_bytes += (count * b) as u64;
-        self.install(st, ai, first, count, Fill::Data(&buf[..count * b]));
-        st.buf = buf;
-        true
-    }
-
     /// Install the in-flight pages of a unit, write-protected.
     fn install(&self, st: &mut State, ai: usize, first: usize, count: usize, data: Fill<'_>) {
         let b = self.cfg.base_page;
@@ -1233,89 +952,5 @@ impl State {
         for a in self.areas.iter_mut().flatten() {
             a.touched.iter_mut().for_each(|w| *w = 0);
         }
-    }
-
-    /// Send a message or stop the program naming the server and the range concerned.
-    fn send(&mut self, srv: usize, mut h: Header, payload: &[u8], start: usize, len: usize) -> Sent {
-        self.flush(srv, start, len);
-        let c = &mut self.conns[srv];
-        h.request_id = c.next_id;
-        c.next_id = c.next_id.wrapping_add(1);
-        h.length = payload.len() as u32;
-        if let Err(e) = c.t.send(&h, payload) {
-            self.fail(srv, &format_args!("connection lost: {e}"), start, len);
-        }
-        Sent::of(&h)
-    }
-
-    /// Queue a payload-less request (READ) to leave with the next [`State::flush`].
-    fn queue_read(&mut self, srv: usize, mut h: Header, start: usize, len: usize) -> Sent {
-        if self.conns[srv].corked.len() == self.conns[srv].corked.capacity() {
-            self.flush(srv, start, len);
-        }
-        let c = &mut self.conns[srv];
-        h.request_id = c.next_id;
-        c.next_id = c.next_id.wrapping_add(1);
-        h.length = 0;
-        c.corked.push(h);
-        Sent::of(&h)
-    }
-
-    /// Send the queued requests of server `srv` (`start`/`len`: the range named on failure).
-    fn flush(&mut self, srv: usize, start: usize, len: usize) {
-        if self.conns[srv].corked.is_empty() {
-            return;
-        }
-        let c = &mut self.conns[srv];
-        let r = c.t.send_headers(&c.corked);
-        c.corked.clear();
-        if let Err(e) = r {
-            self.fail(srv, &format_args!("connection lost: {e}"), start, len);
-        }
-    }
-
-    fn fail(&self, srv: usize, what: &std::fmt::Arguments<'_>, start: usize, len: usize) -> ! {
-        let c = &self.conns[srv];
-        crate::fatal(format_args!(
-            "pagewise dlm: memory server {srv} ({}) failed: {what}; it is the home of pages \
-             {start:#x}-{:#x} of this program, which cannot continue without them",
-            c.addr,
-            start + len
-        ))
-    }
-
-    fn lost(&self, srv: usize, e: std::io::Error) -> DlmError {
-        DlmError::Server { server: self.conns[srv].addr.clone(), detail: e.to_string() }
-    }
-
-    /// A synchronous request outside the fault path (ALLOC, FREE, STATS): error as a value.
-    fn call_raw(&mut self, srv: usize, mut h: Header, payload: &[u8]) -> Result<Header, DlmError> {
-        self.flush(srv, 0, 0);
-        let c = &mut self.conns[srv];
-        h.request_id = c.next_id;
-        c.next_id = c.next_id.wrapping_add(1);
-        h.length = payload.len() as u32;
-        c.t.send(&h, payload).map_err(|e| self.lost(srv, e))?;
-        let rep = self.conns[srv].t.recv_header().map_err(|e| self.lost(srv, e))?;
-        if rep.status != 0 {
-            let mut body = vec![0u8; rep.length as usize];
-            self.conns[srv].t.recv_payload(&mut body).map_err(|e| self.lost(srv, e))?;
-            let name = Status::from_u16(rep.status).map(|s| s.name()).unwrap_or("unknown status");
-            return Err(DlmError::Server {
-                server: self.conns[srv].addr.clone(),
-                detail: format!("{name}: {}", String::from_utf8_lossy(&body)),
-            });
-        }
-        Ok(rep)
-    }
-
-    fn call(&mut self, srv: usize, h: Header, payload: &[u8]) -> Result<Header, DlmError> {
-        debug_assert!(self.conns[srv].pending.is_empty(), "drain before a synchronous call");
-        let rep = self.call_raw(srv, h, payload)?;
-        if rep.length > 0 {
-            let mut body = vec![0u8; rep.length as usize];
-            self.conns[srv].t.recv_payload(&mut body).map_err(|e| self.lost(srv, e))?;
-        }
-        Ok(rep)
     }
 }
