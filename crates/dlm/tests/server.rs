@@ -267,3 +267,53 @@ fn thousands_of_random_frames_never_crash_the_server() {
     let (st, _) = srv.terminate();
     assert!(st.success(), "the server did not survive: {st}");
 }
+
+/// The connection bound refuses clients beyond it (others keep working), and an idle
+/// connection is ended — its regions freed — after the idle timeout.
+#[test]
+fn connection_bound_and_idle_timeout() {
+    use pagewise_dlm::server::{Server, ServerConfig};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let cfg = ServerConfig {
+        max_clients: 2,
+        idle_timeout: Some(Duration::from_millis(1500)),
+        ..ServerConfig::new("127.0.0.1:0", 64 << 20)
+    };
+    let server = Server::bind(&cfg).unwrap();
+    let addr = server.local_addr().unwrap().to_string();
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&stop);
+    let t = std::thread::spawn(move || server.run(&flag).unwrap());
+    let mut a = Client::connect(&addr);
+    let mut b = Client::connect(&addr);
+    assert_eq!(a.alloc(16, 4096).0, Status::Ok);
+    assert_eq!(b.alloc(16, 4096).0, Status::Ok);
+    let mut c = Client::connect(&addr);
+    assert!(c.closed(), "a third client must be refused");
+    assert_eq!(a.stats().clients, 2);
+    // a stays busy, b goes idle: b's connection ends and its region is freed.
+    let start = Instant::now();
+    while !b_gone(&mut b) {
+        assert!(start.elapsed() < Duration::from_secs(10), "the idle client was never disconnected");
+        a.stats(); // keeps a busy
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(start.elapsed() >= Duration::from_millis(1000), "ended before the idle timeout");
+    wait_for("the idle client's region to be freed", || a.stats().regions == 1);
+    // Room again for a new client.
+    let mut d = Client::connect(&addr);
+    assert_eq!(d.alloc(16, 4096).0, Status::Ok);
+    stop.store(true, Ordering::Relaxed);
+    let stats = t.join().unwrap();
+    assert!(stats.errors >= 1, "the refused connection is counted: {stats:?}");
+}
+
+/// Whether `c`'s connection was ended by the server (without blocking on a live one).
+fn b_gone(c: &mut Client) -> bool {
+    c.0.set_nonblocking(true).unwrap();
+    let mut b = [0u8; 1];
+    let gone = matches!(c.0.peek(&mut b), Ok(0));
+    c.0.set_nonblocking(false).unwrap();
+    gone
+}
