@@ -37,6 +37,8 @@ pub(crate) struct Measure {
     pub decisions: Vec<Decision>,
     /// Decisions not kept (the log was full).
     pub dropped: u64,
+    /// Faults of the measured loop since it started (or since its last early decision).
+    pub loop_faults: usize,
 }
 
 impl Measure {
@@ -53,6 +55,7 @@ impl Measure {
             window_fault_time: Duration::ZERO,
             decisions: Vec::with_capacity(MAX_DECISIONS),
             dropped: 0,
+            loop_faults: 0,
         }
     }
 
@@ -83,6 +86,16 @@ impl Measure {
         self.log(d);
         self.reset_window(now);
         self.window_state.set
+    }
+
+    /// A fault of the measured loop: whether it has faulted more than twice its local units
+    /// at `set` since it started (it is thrashing: time for [`crate::tune::decide_early`]).
+    pub fn loop_fault(&mut self, set: u32) -> bool {
+        if self.active.is_none() {
+            return false;
+        }
+        self.loop_faults += 1;
+        self.loop_faults > 2 * self.tuner.local_units(set) + 16
     }
 
     pub fn reset_window(&mut self, now: Instant) {

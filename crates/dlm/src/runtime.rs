@@ -470,6 +470,7 @@ impl Dlm {
         let set = st.measure.loops.entry(id).or_insert_with(|| crate::tune::LoopState::new(cur)).set;
         st.apply_set_count(set);
         st.clear_touched();
+        st.measure.loop_faults = 0;
         st.measure.active = Some((id, std::time::Instant::now()));
         Ok(())
     }

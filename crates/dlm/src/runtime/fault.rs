@@ -146,6 +146,21 @@ impl Inner {
             }
         }
         let now = std::time::Instant::now();
+        if st.measure.loop_fault(st.set_count) {
+            st.measure.loop_faults = 0;
+            let touched = st.touched();
+            let (id, started) = st.measure.active.expect("a loop is measured");
+            let tuner = st.measure.tuner;
+            if let Some(state) = st.measure.loops.get_mut(&id) {
+                let time = now.duration_since(started).as_secs_f64();
+                if let Some(d) = crate::tune::decide_early(&tuner, state, &touched, time, id) {
+                    let set = state.set;
+                    st.measure.log(d);
+                    st.apply_set_count(set);
+                    st.clear_touched();
+                }
+            }
+        }
         if st.measure.fault(now - t0, now) {
             let touched = st.touched();
             let set = st.measure.close_window(&touched, now);
