@@ -12,6 +12,10 @@
 //! - **Slower after a change: go back and stay.** From the second end on, a change is judged
 //!   by the loop's next time: if it is slower than the loop before the change (beyond a small
 //!   tolerance for noise), the larger size comes back and the loop's size is pinned.
+//! - **Thrashing now: shrink now** ([`decide_early`]). A loop that faulted more than twice its
+//!   local units since it started is refetching what it evicted; waiting for its end at a far
+//!   too large size can take orders of magnitude longer than the loop should (seed: BT at 5%,
+//!   128 KB), so the same shrink rule is applied mid-loop. Only shrinks, so settling holds.
 //!
 //! # Why it settles
 //! Without a revert the size only shrinks, and there are `log2(max / min)` smaller sizes; a
