@@ -69,6 +69,26 @@ int dlm_free(void *p);
 /* Change the set count from now on: a power of two <= max_set. */
 int dlm_set_count(unsigned count);
 int dlm_stats(struct dlm_stats *out);
+/* Page-size tuning (seed 003). Bracket a compute loop with dlm_start(id) / dlm_end(id): between
+ * them the runtime records the base pages the loop faults on; at dlm_end the tuner keeps the
+ * unit size if the loop's working set fits in local memory, else shrinks it to the largest
+ * size whose touched units fit (at least min_set pages), and goes back to the larger size when a
+ * change made the loop slower. Each loop id has its own size and history; loops do not nest.
+ * dlm_end returns the loop's unit size from now on, in KiB. PAGEWISE_DLM_AUTO_TUNE=1 tunes over
+ * time windows while no loop is measured (programs without start/end). */
+int dlm_start(uint64_t loop_id);
+int dlm_end(uint64_t loop_id);
+/* The decisions so far as JSON {"decisions":[{loop_id, iteration, working_set, local_units,
+ * old_size, new_size, loop_time, reason}...], "dropped", "table"} (the seed's per-iteration
+ * table as Markdown). Writes at most len bytes including a NUL; returns the full length. */
+long dlm_decisions_json(char *buf, size_t len);
+/* Make [addr, addr + n) DLM memory, n = len rounded down to whole largest units, replacing
+ * what is mapped there (content starts as zeros); returns n or a negative errno. For memory
+ * that must keep its address (the LD_PRELOAD shim's --bss). The caller owns the range. */
+long dlm_alloc_at(void *addr, size_t len);
+/* The process is about to exit: write the decisions to PAGEWISE_DLM_DECISIONS. DLM memory
+ * stays valid until the process ends. */
+int dlm_finish(void);
 /* Free every area and stop the runtime. */
 int dlm_shutdown(void);
 

@@ -50,6 +50,23 @@ int main(void) {
     printf("mode %d faults %llu evictions %llu writebacks %llu\n", st.mode, (unsigned long long)st.faults,
            (unsigned long long)st.evictions, (unsigned long long)st.writebacks);
 
+    /* A measured loop: dlm_start/dlm_end return the loop's unit size in KiB; the decision log
+     * is JSON with the seed's table. */
+    CHECK(dlm_end(5) == -EINVAL, "dlm_end without dlm_start");
+    CHECK(dlm_start(5) == 0, "dlm_start");
+    CHECK(dlm_start(6) == -EINVAL, "loops do not nest");
+    uint64_t sum = 0;
+    for (size_t i = 0; i < words; i += 512)
+        sum += a[i];
+    rc = dlm_end(5);
+    CHECK(rc >= 16 && rc <= 128, "dlm_end: unit %d KiB", rc);
+    long need = dlm_decisions_json(NULL, 0);
+    char json[4096];
+    CHECK(need > 0 && need < (long)sizeof json, "decisions length %ld", need);
+    CHECK(dlm_decisions_json(json, sizeof json) == need && strstr(json, "\"loop_id\":5") && strstr(json, "table"),
+          "decisions: %s", json);
+    printf("loop unit %d KiB, sum %llu\n", rc, (unsigned long long)sum);
+
     int x;
     CHECK(dlm_free(&x) == -EINVAL, "freeing a non-DLM pointer must be -EINVAL");
     CHECK(dlm_free(a) == 0, "dlm_free");

@@ -26,11 +26,26 @@ pub struct Args {
     /// Log each client connecting and leaving.
     #[arg(long, short)]
     verbose: bool,
+    /// Most clients at once; more are refused.
+    #[arg(long, default_value_t = 256)]
+    max_clients: usize,
+    /// End a client's connection, freeing its pages, after this many seconds without a
+    /// request (0: never).
+    #[arg(long, default_value_t = 0)]
+    idle_timeout: u64,
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let capacity = pagewise_dlm::parse_size(&a.capacity)? as u64;
-    let cfg = ServerConfig { listen: a.listen.clone(), capacity, verbose: a.verbose };
+    if a.max_clients == 0 {
+        anyhow::bail!("--max-clients must be at least 1");
+    }
+    let cfg = ServerConfig {
+        verbose: a.verbose,
+        max_clients: a.max_clients,
+        idle_timeout: (a.idle_timeout > 0).then(|| std::time::Duration::from_secs(a.idle_timeout)),
+        ..ServerConfig::new(a.listen.clone(), capacity)
+    };
     let server = Server::bind(&cfg).with_context(|| format!("listening on {}", a.listen))?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {

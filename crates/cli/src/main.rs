@@ -11,6 +11,7 @@ mod features;
 mod generate;
 mod hps;
 mod reclaim;
+mod run;
 
 /// Pagewise: five research memory-management systems on the kernel you already run.
 ///
@@ -30,6 +31,7 @@ enum Command {
     Hps(hps::Args),
     Reclaimd(reclaim::DaemonArgs),
     Reclaim(reclaim::Args),
+    Run(run::Args),
     #[command(hide = true)]
     Generate(generate::Args),
 }
@@ -43,6 +45,7 @@ fn main() -> ExitCode {
         Command::Hps(a) => hps::run(a),
         Command::Reclaimd(a) => reclaim::run_daemon(a),
         Command::Reclaim(a) => reclaim::run(a),
+        Command::Run(a) => run::run(a),
         Command::Generate(a) => generate::run(a),
     };
     match result {

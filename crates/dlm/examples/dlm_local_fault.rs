@@ -19,6 +19,7 @@ fn main() {
         fault_mode: mode,
         readahead: 0,
         zero_copy: std::env::var("PAGEWISE_DLM_ZERO_COPY").is_ok_and(|v| v == "1"),
+        ..Config::default()
     };
     let dlm = Dlm::init(cfg).expect("init");
     let base = dlm.alloc(n * unit).expect("alloc");

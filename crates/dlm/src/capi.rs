@@ -230,3 +230,82 @@ pub extern "C" fn dlm_shutdown() -> c_int {
         }
     })
 }
+
+/// Begin measuring compute loop `loop_id` (its own unit size comes into force).
+#[no_mangle]
+pub extern "C" fn dlm_start(loop_id: u64) -> c_int {
+    guard(|| {
+        let g = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(d) = g.as_ref() else { return -libc::ENODEV };
+        d.loop_start(loop_id).map(|_| 0).unwrap_or_else(|e| e.errno())
+    })
+}
+
+/// End measuring loop `loop_id`: the tuner decides its unit size from now on. Returns the new
+/// unit size in KiB (> 0) or a negative errno.
+#[no_mangle]
+pub extern "C" fn dlm_end(loop_id: u64) -> c_int {
+    guard(|| {
+        let g = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(d) = g.as_ref() else { return -libc::ENODEV };
+        match d.loop_end(loop_id) {
+            Ok(dec) => (dec.new_size >> 10).min(c_int::MAX as usize) as c_int,
+            Err(e) => e.errno(),
+        }
+    })
+}
+
+/// Write the tuner's decisions as JSON (NUL-terminated, truncated to `len`) into `buf`;
+/// returns the full length without the NUL (call with len 0 to size the buffer).
+///
+/// # Safety
+/// `buf` is NULL with `len` 0, or points at `len` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn dlm_decisions_json(buf: *mut c_char, len: usize) -> isize {
+    let r = std::panic::catch_unwind(|| {
+        let g = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(d) = g.as_ref() else { return -(libc::ENODEV as isize) };
+        let json = d.decisions_json();
+        if !buf.is_null() && len > 0 {
+            let n = json.len().min(len - 1);
+            // SAFETY: buf has len bytes per the contract; n + 1 <= len.
+            unsafe {
+                std::ptr::copy_nonoverlapping(json.as_ptr(), buf as *mut u8, n);
+                *buf.add(n) = 0;
+            }
+        }
+        json.len() as isize
+    });
+    r.unwrap_or(-(libc::EFAULT as isize))
+}
+
+/// Make `[addr, addr + n)` DLM memory, n = `len` rounded down to whole largest units, replacing
+/// what is mapped there (its content starts as zeros). Returns n or a negative errno.
+///
+/// # Safety
+/// The caller owns `[addr, addr + len)`: nothing else uses or unmaps what is there now.
+#[no_mangle]
+pub unsafe extern "C" fn dlm_alloc_at(addr: *mut c_void, len: usize) -> isize {
+    let r = std::panic::catch_unwind(|| {
+        let g = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(d) = g.as_ref() else { return -(libc::ENODEV as isize) };
+        // SAFETY: forwarded contract.
+        match unsafe { d.alloc_at(addr as usize, len) } {
+            Ok(n) => n as isize,
+            Err(e) => e.errno() as isize,
+        }
+    });
+    r.unwrap_or(-(libc::EFAULT as isize))
+}
+
+/// The process is about to exit: write the tuner's decisions (PAGEWISE_DLM_DECISIONS). DLM
+/// memory stays valid (other threads may still use it until the process ends).
+#[no_mangle]
+pub extern "C" fn dlm_finish() -> c_int {
+    guard(|| {
+        let g = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(d) = g.as_ref() else { return -libc::ENODEV };
+        d.write_decisions();
+        0
+    })
+}

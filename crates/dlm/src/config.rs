@@ -61,6 +61,22 @@ pub struct Config {
     /// Zero-copy areas are shared mappings: a child made by fork(2) shares them with its
     /// parent instead of getting a copy.
     pub zero_copy: bool,
+    /// Tune the set count over windows of time while no loop is measured (programs without
+    /// `dlm_start`/`dlm_end`, `pagewise run --page-size auto`). Loops are tuned regardless.
+    pub auto_tune: bool,
+    /// Smallest set count the tuner may choose (power of two ≤ max_set).
+    pub min_set: u32,
+    /// Length of a tuning window (`auto_tune`).
+    pub tune_window: std::time::Duration,
+    /// Where to write the tuner's decisions (JSON) when the runtime stops.
+    pub decisions_path: Option<std::path::PathBuf>,
+    /// A fault waiting longer than this for its memory server stops the program with a message
+    /// naming the server (`None`: wait forever). Also bounds how long a dead peer goes unseen
+    /// (TCP keepalive and TCP_USER_TIMEOUT).
+    pub fault_timeout: Option<std::time::Duration>,
+    /// Areas are not inherited by children made with fork(2) (MADV_DONTFORK): a child would
+    /// otherwise see zeros where the parent's pages live on a server. `pagewise run` sets it.
+    pub dont_fork: bool,
 }
 
 impl Default for Config {
@@ -74,6 +90,12 @@ impl Default for Config {
             fault_mode: FaultMode::Auto,
             readahead: 32,
             zero_copy: false,
+            auto_tune: false,
+            min_set: 1,
+            tune_window: std::time::Duration::from_millis(200),
+            decisions_path: None,
+            fault_timeout: Some(std::time::Duration::from_secs(30)),
+            dont_fork: false,
         }
     }
 }
@@ -98,7 +120,9 @@ pub fn parse_size(s: &str) -> Result<usize, DlmError> {
 impl Config {
     /// Read `PAGEWISE_DLM_SERVERS` (required), `PAGEWISE_DLM_LOCAL_MEM`, `PAGEWISE_DLM_PAGE_SIZE`,
     /// `PAGEWISE_DLM_MAX_SET`, `PAGEWISE_DLM_SET_COUNT`, `PAGEWISE_DLM_FAULT_MODE`,
-    /// `PAGEWISE_DLM_READAHEAD`, `PAGEWISE_DLM_ZERO_COPY` (0/1) through `get`.
+    /// `PAGEWISE_DLM_READAHEAD`, `PAGEWISE_DLM_ZERO_COPY` (0/1), `PAGEWISE_DLM_AUTO_TUNE` (0/1),
+    /// `PAGEWISE_DLM_MIN_SET`, `PAGEWISE_DLM_TUNE_WINDOW_MS`, `PAGEWISE_DLM_DECISIONS` (a file),
+    /// `PAGEWISE_DLM_FAULT_TIMEOUT_MS` (0: none), `PAGEWISE_DLM_DONTFORK` (0/1) through `get`.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, DlmError> {
         let mut c = Config::default();
         let servers =
@@ -129,6 +153,25 @@ impl Config {
         if let Some(v) = get("PAGEWISE_DLM_ZERO_COPY") {
             c.zero_copy = num("PAGEWISE_DLM_ZERO_COPY", v)? != 0;
         }
+        if let Some(v) = get("PAGEWISE_DLM_AUTO_TUNE") {
+            c.auto_tune = num("PAGEWISE_DLM_AUTO_TUNE", v)? != 0;
+        }
+        if let Some(v) = get("PAGEWISE_DLM_MIN_SET") {
+            c.min_set = num("PAGEWISE_DLM_MIN_SET", v)?;
+        }
+        if let Some(v) = get("PAGEWISE_DLM_TUNE_WINDOW_MS") {
+            c.tune_window = std::time::Duration::from_millis(num("PAGEWISE_DLM_TUNE_WINDOW_MS", v)?.into());
+        }
+        if let Some(v) = get("PAGEWISE_DLM_DECISIONS") {
+            c.decisions_path = Some(v.into());
+        }
+        if let Some(v) = get("PAGEWISE_DLM_DONTFORK") {
+            c.dont_fork = num("PAGEWISE_DLM_DONTFORK", v)? != 0;
+        }
+        if let Some(v) = get("PAGEWISE_DLM_FAULT_TIMEOUT_MS") {
+            let ms = num("PAGEWISE_DLM_FAULT_TIMEOUT_MS", v)?;
+            c.fault_timeout = (ms > 0).then(|| std::time::Duration::from_millis(ms.into()));
+        }
         c.validate()?;
         Ok(c)
     }
@@ -158,6 +201,15 @@ impl Config {
         }
         if self.local_mem < 2 * self.block() {
             return bad(format!("local memory {} is below two largest units ({})", self.local_mem, 2 * self.block()));
+        }
+        if !self.min_set.is_power_of_two() || self.min_set > self.max_set {
+            return bad(format!(
+                "minimum set count {} must be a power of two ≤ max set {}",
+                self.min_set, self.max_set
+            ));
+        }
+        if self.fault_timeout.is_some_and(|t| t < std::time::Duration::from_millis(100)) {
+            return bad("fault timeout must be at least 100 ms".into());
         }
         if self.readahead > 1024 {
             return bad(format!("read-ahead {} units is more than 1024", self.readahead));

@@ -8,21 +8,31 @@
 //!
 //! - [`server`]: the memory server.
 //! - [`runtime`]: the client runtime ([`Dlm`]): fault handling (userfaultfd handler thread,
-//!   userfaultfd SIGBUS, or the SIGSEGV fallback), CLOCK eviction, write-back, read-ahead.
+//!   userfaultfd SIGBUS, or the SIGSEGV fallback), eviction in practice FIFO (see below),
+//!   write-back, read-ahead.
 //! - [`clock`], [`layout`], [`config`]: the pure parts (policy, home arithmetic, parsing).
 //! - [`transport`]: the message channel (TCP), behind a trait so MPI can follow.
 //! - [`capi`]: the `dlm_*` C ABI.
+//! - [`tune`] (policy) and `measure` (what the runtime records for it): the page-size tuner.
+//!
+//! Eviction is a CLOCK over resident units, but the runtime sees a reference only when a unit
+//! is faulted in or first written (reads of a resident unit never fault), so every unit gets
+//! exactly one pass of the hand after its fault: in effect FIFO by fault time, with no
+//! preference for units the program keeps reading. Real reference information (sampling the
+//! accessed bits through page_idle, as the HPS tracker does) is future work (issue 9).
 
 pub mod capi;
 pub mod clock;
 pub mod config;
 pub mod layout;
+mod measure;
 pub mod process;
 pub mod proto;
 pub mod runtime;
 pub mod server;
 mod signals;
 pub mod transport;
+pub mod tune;
 
 pub use config::{parse_size, Config, FaultMode};
 pub use runtime::{Dlm, Stats};
@@ -95,7 +105,15 @@ pub(crate) fn fatal(args: std::fmt::Arguments<'_>) -> ! {
 }
 
 /// What DLM offers a user and the kernel capabilities each part uses (`pagewise doctor`).
-pub const FEATURES: &[pagewise_kernel::features::Feature] = &[pagewise_kernel::features::Feature {
-    name: "dlm_* C API",
-    needs: &[pagewise_kernel::features::Capability::Userfaultfd],
-}];
+pub const FEATURES: &[pagewise_kernel::features::Feature] = &[
+    pagewise_kernel::features::Feature {
+        name: "dlm_* C API",
+        needs: &[pagewise_kernel::features::Capability::Userfaultfd],
+    },
+    // Unmodified programs: handler-thread faults (not user-mode-only userfaultfd), so the
+    // kernel's own accesses (read(2) into DLM memory) are served too.
+    pagewise_kernel::features::Feature {
+        name: "pagewise run",
+        needs: &[pagewise_kernel::features::Capability::Userfaultfd],
+    },
+];

@@ -46,10 +46,8 @@ impl ServerProcess {
         // SIGTERM when the spawning thread dies, so a killed experiment leaves no server behind.
         unsafe {
             cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
+                pagewise_kernel::net::set_parent_death_signal(libc::SIGTERM)
+                    .map_err(|e| std::io::Error::from_raw_os_error(e.errno().unwrap_or(libc::EINVAL)))
             })
         };
         let mut child = cmd
@@ -79,8 +77,7 @@ impl ServerProcess {
 
     /// SIGTERM; returns its `--json` statistics line.
     pub fn stop(mut self) -> std::io::Result<String> {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = pagewise_kernel::net::kill(self.child.id() as i32, libc::SIGTERM);
         let mut out = String::new();
         if let Some(mut o) = self.child.stdout.take() {
             o.read_to_string(&mut out)?;

@@ -1,6 +1,10 @@
 //! The client runtime: DLM areas, their fault handling, page sets, the local limit, eviction
 //! and write-back.
 //!
+//! Where things are: this file holds the API (`Dlm`), the areas, the resident set and its
+//! eviction, requesting and installing units; `runtime/fault.rs` the fault path (handler
+//! thread, `serve`); `runtime/remote.rs` the connections and the checking of every reply.
+//!
 //! # How a fault is served
 //! All state sits behind one mutex (`State`); a fault is served by whoever receives it — the
 //! handler thread (userfaultfd messages) or the faulting thread itself (SIGBUS / SIGSEGV
@@ -8,7 +12,8 @@
 //! 1. the unit is the s-page range aligned to s around p (`Layout::unit`);
 //! 2. if it is already on its way (read-ahead), the replies queued before it on its home's
 //!    connection are installed in order, then it;
-//! 3. otherwise room is made under the local limit (CLOCK victims; clean ones dropped, dirty
+//! 3. otherwise room is made under the local limit (CLOCK victims — in effect FIFO, as reads
+//!    of resident units are not seen (lib.rs); clean ones dropped, dirty
 //!    ones written back first), a READ is sent to the home and its reply installed. Pages that
 //!    were never written back are installed as zeros without a message;
 //! 4. faults that continue a sequential run grow a read-ahead window: READs for the next units
@@ -18,75 +23,37 @@
 //!    units, dropped with one MADV_DONTNEED) and the batch's READs leave in one `write`
 //!    (`Transport::send_headers`). A demand READ leaves at once.
 //!
-//! # Dirty tracking and why not WP_ASYNC
+//! # Dirty tracking: synchronous write-protect, not WP_ASYNC
 //! Pages are installed write-protected (UFFDIO_COPY mode WP; PROT_READ in the SIGSEGV mode); the
 //! first write faults, marks the unit dirty and un-protects it. Eviction of a dirty unit
 //! write-protects it again *before* reading it for write-back, so a concurrent writer waits for
-//! the handler and never loses a store. With UFFD_FEATURE_WP_ASYNC the kernel resolves WP faults
-//! by itself: cheaper per first write, but nothing can hold a writer back between the
-//! write-back read and MADV_DONTNEED, which loses updates from other threads. Measured
-//! (`examples/dlm_local_fault.rs`, SIGBUS mode): a first-write fault costs 6 µs per 16 KiB unit
-//! and 11 µs per 128 KiB unit, a PAGEMAP_SCAN of the unit for written pages 1.1–1.5 µs — WP_ASYNC
-//! would be about 5× cheaper per dirtied unit. Correctness decides: synchronous WP. (A program
-//! known to be single-threaded could take the cheaper path; the runtime cannot know that.)
+//! the handler and never loses a store. UFFD_FEATURE_WP_ASYNC would resolve WP faults in the
+//! kernel, cheaper per first write, but then nothing holds a writer back between the write-back
+//! read and MADV_DONTNEED, which loses updates from other threads (`examples/dlm_local_fault.rs`
+//! measures both costs).
 //!
-//! # Fault delivery: SIGBUS by default
-//! Measured by `pagewise eval dlm-fault` (2-core VM): serving the fault on the faulting thread
-//! (UFFD_FEATURE_SIGBUS) has a lower median than a handler thread at 4–64 KiB (16 KiB: 0.90×
-//! and 0.93× of the thread's in two runs): it saves the two thread wake-ups around each fault.
-//! The handler thread streamed faster in some runs; both stay selectable. SIGBUS mode cannot
-//! serve faults taken inside the kernel (a `read(2)` into a missing page returns EFAULT), which
-//! the handler thread can: programs that pass DLM memory to system calls should use it.
-//!
-//! # Where the time goes
-//! Profiled (timestamps at each step of a SIGBUS fault, 16 KiB units, client and server on
-//! different cores, 1000 random faults, medians; the ping-pong of the same messages between
-//! the same processes took 30–31 µs): fault 37–45 µs = delivery of the fault to the handler
-//! 3.0–3.9 + lookup and room 0.2 + the request `send` 11–16 (loopback TCP runs the receiver's
-//! protocol work and the server's wake-up in the sender's system call) + waiting for the reply
-//! header 12–14 + receiving the payload 1.4–1.6 + **UFFDIO_COPY 6.2–8.3** + handler exit and
-//! sigreturn 1.0. The send and the wait are the ping-pong itself; the fault's own overhead is
-//! ≈ 11 µs, 60% of it the install. The install is not the copy (16 KiB copy ≈ 1 µs): it is page
-//! allocation, which is slow on this VM — MADV_POPULATE_WRITE of 16 KiB anonymous memory
-//! costs 6.3 µs, of 16 KiB of memfd (shmem) 10 µs, MADV_DONTNEED of 16 KiB 2.4 µs,
-//! MADV_REMOVE (shmem) 6.2 µs. Reply headers are busy-polled for up to 50 µs before the thread
-//! sleeps (`TcpTransport`): on this VM a wake-up costs about as much as the transfer.
-//!
-//! Streaming (`dlm-fault`'s sequential read, 128 KiB units, client cpu 0, server cpu 1, quiet
-//! machine) runs at 1.1 GB/s against 3.5–3.8 GB/s of pipelined TCP: ≈ 115 µs per unit where TCP
-//! needs ≈ 35. A `perf record -e cpu-clock` of the client (`examples/dlm_stream.rs`) splits it:
-//! UFFDIO_COPY 44% (of which the copy into the fresh pages 17%, page allocation, memcg charge
-//! and LRU insertion ≈ 20%), `recv` of the replies 28% (the copy out of the socket 14%),
-//! MADV_DONTNEED of evicted units 18% (unmapping, TLB flush, freeing and uncharging pages),
-//! fault delivery and sigreturn ≈ 6%, the program itself ≈ 5%. Sending READs and waiting for
-//! replies no longer show: the stream is bound by per-page kernel work on the client's core
-//! (allocate, charge, copy in, unmap, free, uncharge: ≈ 75 µs per 128 KiB), not by the network
-//! or the syscall count. Batching the read-ahead requests and the evictions (step 4) took
-//! streaming from 1.03 to 1.11–1.13 GB/s (0.29 → 0.29–0.32 of TCP) with the 16 KiB fault
-//! unchanged. Reaching half of TCP needs the pages themselves recycled instead of freed and
-//! reallocated (UFFDIO_MOVE of evicted pages into a receive pool and back), which must first
-//! solve write tracking: a moved-in page is writable until it is write-protected again, so a
-//! concurrent writer could dirty it unseen.
+//! # Fault delivery
+//! SIGBUS (UFFD_FEATURE_SIGBUS, `signals.rs`) serves the fault on the faulting thread and saves
+//! two thread wake-ups per fault (`pagewise eval dlm-fault` compares it with the handler
+//! thread). It cannot serve faults the kernel takes on the program's behalf (a `read(2)` into a
+//! missing page returns EFAULT); the handler thread can, so programs that hand DLM memory to
+//! system calls (and every program under `pagewise run`) use it.
 //!
 //! # Installing pages
-//! userfaultfd modes, default: anonymous memory, UFFDIO_COPY from the reply buffer (atomic
-//! per page, mode WP). Zero-copy (`Config::zero_copy`): the area is a memfd mapped twice, the
-//! program's view registered MISSING + MINOR + WP and an alias the runtime writes through. A
-//! READ of a wholly missing unit populates the unit's page-cache pages through the alias
-//! *while the request travels*, receives the reply straight into them and maps them with
-//! UFFDIO_CONTINUE mode WP (2.0–2.4 µs for 16 KiB, against UFFDIO_COPY's 6–8): allocation
-//! leaves the critical path when the client has a core to spare during the round trip.
+//! Default: anonymous memory, UFFDIO_COPY from the reply buffer (atomic per page, mode WP).
+//! Zero-copy (`Config::zero_copy`): the area is a memfd mapped twice, the program's view
+//! registered MISSING + MINOR + WP and an alias the runtime writes through; a READ of a wholly
+//! missing unit populates the unit's page-cache pages through the alias while the request
+//! travels, receives the reply straight into them and maps them with UFFDIO_CONTINUE mode WP.
 //! Units partly resident (after a set-count change) and never-written units take UFFDIO_COPY
-//! into the same memfd. Eviction punches the unit out of the memfd (MADV_REMOVE through the
-//! alias) after write-back, which unmaps it from both views. Measured in the same runs
-//! (`dlm-fault`, three runs): zero-copy is 2–9% faster at 16 KiB cross-core, but mostly slower
-//! at 64 KiB and up, on a shared core (the population can no longer overlap the server's work) and when
-//! streaming (shmem allocation and hole punching cost more than anonymous pages, and
-//! read-ahead puts them on the fault path): it stays an option, not the default. Dirty
-//! tracking is the same in both: pages are mapped write-protected and a first write faults.
+//! into the same memfd; eviction punches the unit out of the memfd (MADV_REMOVE). It pays off
+//! only when the client has a core to spare during the round trip, so it is an option.
 //! SIGSEGV mode: the area is a memfd mapped twice, the program's view (PROT_NONE until
 //! installed) and a private read-write view; data is copied through the private view, then
 //! the program's view is opened (mprotect), so no thread ever sees a half-copied page.
+//!
+//! Reply headers are busy-polled briefly before the thread sleeps (`TcpTransport`): on a VM a
+//! wake-up costs about as much as a small transfer.
 
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
@@ -95,13 +62,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use pagewise_kernel::mem::{madvise, memfd_create, mprotect, Advice, MapOptions, Mapping, Protection};
-use pagewise_kernel::uffd::{feature, Event, RegisterMode, Uffd, UffdBuilder};
+use pagewise_kernel::uffd::{feature, RegisterMode, Uffd, UffdBuilder};
+
+mod fault;
+mod remote;
 
 use crate::clock::Clock;
 use crate::config::{Config, FaultMode};
 use crate::layout::Layout;
-use crate::proto::{Header, Opcode, Status};
-use crate::transport::{TcpTransport, Transport};
+use crate::proto::{Header, Opcode};
+use crate::transport::TcpTransport;
 use crate::DlmError;
 
 /// Page table value: not resident.
@@ -150,32 +120,6 @@ struct Entry {
     dirty: bool,
 }
 
-enum Pending {
-    /// `direct`: the reply goes straight into the area's page cache (zero-copy mode).
-    Read {
-        area: u32,
-        first: usize,
-        count: usize,
-        direct: bool,
-    },
-    Write {
-        area: u32,
-        first: usize,
-        count: usize,
-    },
-}
-
-struct Conn {
-    t: Box<dyn Transport>,
-    addr: String,
-    next_id: u32,
-    pending: VecDeque<Pending>,
-    /// READ requests queued (already in `pending`) but not yet sent: read-ahead requests leave
-    /// in one batch (`State::flush`); anything that sends or receives on the connection
-    /// flushes first, so replies still come in `pending` order.
-    corked: Vec<Header>,
-}
-
 struct Area {
     addr: usize,
     len: usize,
@@ -186,6 +130,8 @@ struct Area {
     slot: Vec<u32>,
     /// Per base page: its home holds data written back (else it still reads as zeros).
     home_written: Vec<bool>,
+    /// Per base page: the loop or window being measured faulted on it (`measure.rs`).
+    touched: Vec<u64>,
     /// Sequential-stream detection: end page of the last demand fault and the window.
     last_end: usize,
     window: usize,
@@ -207,6 +153,7 @@ pub(crate) struct State {
     buf: Vec<u8>,
     zeros: Vec<u8>,
     stats: Stats,
+    measure: crate::measure::Measure,
 }
 
 pub(crate) struct Inner {
@@ -225,6 +172,10 @@ pub struct Dlm {
     handler: Option<JoinHandle<()>>,
     signal: Option<crate::signals::Installed>,
 }
+
+use fault::handler_thread;
+pub(crate) use fault::Served;
+use remote::{Conn, Pending};
 
 /// The runtime the signal handlers serve; set while a signal mode is active.
 pub(crate) static ACTIVE: AtomicPtr<Inner> = AtomicPtr::new(std::ptr::null_mut());
@@ -296,7 +247,9 @@ impl Dlm {
         };
         let mut conns = Vec::new();
         for addr in &cfg.servers {
-            let t = TcpTransport::connect(addr).map_err(|e| DlmError::Connect { server: addr.clone(), source: e })?;
+            let t = TcpTransport::connect(addr)
+                .and_then(|t| t.with_timeout(cfg.fault_timeout))
+                .map_err(|e| DlmError::Connect { server: addr.clone(), source: e })?;
             conns.push(Conn {
                 t: Box::new(t),
                 addr: addr.clone(),
@@ -306,7 +259,14 @@ impl Dlm {
             });
         }
         let max_units = cfg.local_mem / cfg.base_page + 1;
+        let tuner = crate::tune::TunerConfig {
+            base_page: cfg.base_page,
+            local_mem: cfg.local_mem,
+            min_set: cfg.min_set,
+            max_set: cfg.max_set,
+        };
         let state = State {
+            measure: crate::measure::Measure::new(tuner, cfg.auto_tune, cfg.tune_window, cfg.set_count),
             conns,
             areas: Vec::new(),
             clock: Clock::with_capacity(max_units),
@@ -357,6 +317,29 @@ impl Dlm {
 
     /// A new area of `len` bytes: ordinary memory to every thread, backed by the servers.
     pub fn alloc(&self, len: usize) -> Result<*mut u8, DlmError> {
+        self.alloc_inner(len, None)
+    }
+
+    /// Make `[addr, addr + n)` an area, where n is `len` rounded down to whole largest units
+    /// (returned), replacing what is mapped there now; its content starts as zeros. For memory
+    /// that must keep its address, such as a program's zero-initialised data (`pagewise run
+    /// --bss`). Userfaultfd modes on anonymous memory only (not zero-copy, not SIGSEGV).
+    ///
+    /// # Safety
+    /// The caller owns `[addr, addr + len)`: nothing else uses or unmaps what is there now.
+    pub unsafe fn alloc_at(&self, addr: usize, len: usize) -> Result<usize, DlmError> {
+        let n = len / self.inner.cfg.block() * self.inner.cfg.block();
+        if n == 0 {
+            return Err(DlmError::Config(format!("{len} bytes are less than one largest unit")));
+        }
+        if self.inner.mode == FaultMode::Sigsegv || self.inner.zero_copy {
+            return Err(DlmError::Config("a fixed-address area needs anonymous userfaultfd memory".into()));
+        }
+        self.alloc_inner(n, Some(addr))?;
+        Ok(n)
+    }
+
+    fn alloc_inner(&self, len: usize, at: Option<usize>) -> Result<*mut u8, DlmError> {
         if len == 0 {
             return Err(DlmError::Config("zero-length allocation".into()));
         }
@@ -368,7 +351,16 @@ impl Dlm {
         if layout.pages >= INFLIGHT as usize {
             return Err(DlmError::Config(format!("allocation of {len} bytes has too many pages")));
         }
-        let (view, staging, alias) = if self.inner.mode == FaultMode::Sigsegv {
+        let (view, staging, alias) = if let Some(addr) = at {
+            let opts = MapOptions { noreserve: true, ..Default::default() };
+            // SAFETY: alloc_at's contract: the caller owns [addr, addr+len), and bytes == len
+            // (len is whole largest units).
+            let view = unsafe { Mapping::anonymous_at(addr, bytes, &opts) }?;
+            madvise(view.addr(), bytes, Advice::NoHugePage)?;
+            let uffd = self.inner.uffd.as_ref().expect("userfaultfd modes have a uffd");
+            uffd.register(view.addr(), bytes, RegisterMode { missing: true, write_protect: true, minor: false })?;
+            (view, None, None)
+        } else if self.inner.mode == FaultMode::Sigsegv {
             let fd = memfd_create("pagewise-dlm", None)?;
             pagewise_kernel::mem::ftruncate(&fd, bytes as u64)?;
             let view =
@@ -393,6 +385,12 @@ impl Dlm {
             uffd.register(view.addr(), bytes, RegisterMode { missing: true, write_protect: true, minor: false })?;
             (view, None, None)
         };
+        if cfg.dont_fork {
+            madvise(view.addr(), bytes, Advice::DontFork)?;
+            for (m, _) in staging.iter().chain(alias.iter()) {
+                madvise(m.addr(), bytes, Advice::DontFork)?;
+            }
+        }
         let mut regions = vec![0u32; st.conns.len()];
         for s in 0..st.conns.len() {
             let pages = layout.region_pages(s);
@@ -423,6 +421,7 @@ impl Dlm {
             regions,
             slot: vec![NONE; layout.pages],
             home_written: vec![false; layout.pages],
+            touched: vec![0u64; layout.pages.div_ceil(64)],
             last_end: usize::MAX,
             window: 0,
             _view: view,
@@ -453,12 +452,68 @@ impl Dlm {
             )));
         }
         let mut st = self.inner.lock();
-        st.set_count = count;
-        for a in st.areas.iter_mut().flatten() {
-            a.window = 0;
-            a.last_end = usize::MAX;
-        }
+        st.apply_set_count(count);
         Ok(())
+    }
+
+    /// Begin measuring loop `id` (`dlm_start`): its own unit size comes into force and the
+    /// pages it faults on are recorded until [`Dlm::loop_end`]. Loops do not nest.
+    pub fn loop_start(&self, id: u64) -> Result<(), DlmError> {
+        if id == crate::measure::WINDOW_ID {
+            return Err(DlmError::Config(format!("loop id {id} is reserved for tuning windows")));
+        }
+        let mut st = self.inner.lock();
+        if let Some((other, _)) = st.measure.active {
+            return Err(DlmError::Config(format!("loop {other} is still being measured (no dlm_end yet)")));
+        }
+        let cur = st.set_count;
+        let set = st.measure.loops.entry(id).or_insert_with(|| crate::tune::LoopState::new(cur)).set;
+        st.apply_set_count(set);
+        st.clear_touched();
+        st.measure.loop_faults = 0;
+        st.measure.active = Some((id, std::time::Instant::now()));
+        Ok(())
+    }
+
+    /// End measuring loop `id` (`dlm_end`): the tuner decides the loop's next unit size, which
+    /// is in force from now on. Returns the decision.
+    pub fn loop_end(&self, id: u64) -> Result<crate::tune::Decision, DlmError> {
+        let mut st = self.inner.lock();
+        let (active, started) =
+            st.measure.active.ok_or_else(|| DlmError::Config(format!("dlm_end({id}) without dlm_start")))?;
+        if active != id {
+            return Err(DlmError::Config(format!("dlm_end({id}) while loop {active} is being measured")));
+        }
+        let time = started.elapsed().as_secs_f64();
+        let touched = st.touched();
+        let tuner = st.measure.tuner;
+        let state = st.measure.loops.get_mut(&id).expect("created at start");
+        let d = crate::tune::decide(&tuner, state, &touched, time, id);
+        let set = state.set;
+        st.measure.log(d);
+        st.measure.active = None;
+        st.measure.reset_window(std::time::Instant::now());
+        st.apply_set_count(set);
+        st.clear_touched();
+        Ok(d)
+    }
+
+    /// Write the tuner's decisions to `Config::decisions_path` (if set) now; the runtime keeps
+    /// running. For a process about to exit (`dlm_finish`).
+    pub fn write_decisions(&self) {
+        let st = self.inner.lock();
+        write_decisions(&self.inner.cfg, &st.measure);
+    }
+
+    /// Every tuning decision so far, oldest first.
+    pub fn decisions(&self) -> Vec<crate::tune::Decision> {
+        self.inner.lock().measure.decisions.clone()
+    }
+
+    /// The decisions as JSON: `{"decisions": [...], "dropped": N, "table": "..."}`.
+    pub fn decisions_json(&self) -> String {
+        let st = self.inner.lock();
+        decisions_json(&st.measure)
     }
 
     pub fn stats(&self) -> Stats {
@@ -547,6 +602,7 @@ impl Dlm {
     fn stop(&mut self) {
         {
             let mut st = self.inner.lock();
+            write_decisions(&self.inner.cfg, &st.measure);
             let addrs: Vec<usize> = st.areas.iter().flatten().map(|a| a.addr).collect();
             for a in addrs {
                 let _ = self.inner.free_locked(&mut st, a);
@@ -570,44 +626,6 @@ impl Drop for Dlm {
             self.stop();
         }
     }
-}
-
-fn handler_thread(inner: &Inner) {
-    let uffd = inner.uffd.as_ref().expect("handler mode has a uffd");
-    let fd = std::os::fd::AsRawFd::as_raw_fd(uffd);
-    while !inner.stop.load(Ordering::Acquire) {
-        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd.
-        let rc = unsafe { libc::poll(&mut pfd, 1, 100) };
-        if rc <= 0 {
-            continue;
-        }
-        loop {
-            match uffd.read_event() {
-                Ok(Some(Event::Pagefault { addr, write, .. })) => {
-                    // A panic here would leave the faulting thread waiting forever: stop instead.
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        let mut st = inner.lock();
-                        inner.serve(&mut st, addr, write);
-                    }));
-                    if r.is_err() {
-                        crate::fatal(format_args!("pagewise dlm: the fault handler failed at {addr:#x}"));
-                    }
-                }
-                Ok(Some(_)) => {}
-                Ok(None) => break,
-                Err(e) => {
-                    crate::fatal(format_args!("pagewise dlm: reading the userfaultfd failed: {e}"));
-                }
-            }
-        }
-    }
-}
-
-/// Result of a fault lookup.
-pub(crate) enum Served {
-    Ours,
-    NotOurs,
 }
 
 impl Inner {
@@ -651,116 +669,9 @@ impl Inner {
         Ok(())
     }
 
-    /// Serve a fault at `addr` (write: known to be a write). Fatal on server failure.
-    pub(crate) fn serve(&self, st: &mut State, addr: usize, write: bool) -> Served {
-        let Some(ai) =
-            st.areas.iter().position(|a| a.as_ref().is_some_and(|a| addr >= a.addr && addr < a.addr + a.len))
-        else {
-            return Served::NotOurs;
-        };
-        let b = self.cfg.base_page;
-        let (page, a_addr) = {
-            let a = st.areas[ai].as_ref().expect("present");
-            ((addr - a.addr) / b, a.addr)
-        };
-        let slot = st.areas[ai].as_ref().expect("present").slot[page];
-        if slot != NONE && slot != INFLIGHT {
-            // Resident: a first write (WP / PROT_READ), or a fault that lost a race.
-            let e = *st.clock.get(slot as usize).expect("live slot");
-            st.clock.touch(slot as usize);
-            let start = a_addr + e.first as usize * b;
-            let len = e.count as usize * b;
-            if !e.dirty && (write || self.mode != FaultMode::HandlerThread) {
-                st.clock.get_mut(slot as usize).expect("live").dirty = true;
-                st.stats.wp_faults += 1;
-                self.unprotect(start, len);
-            } else if let Some(u) = &self.uffd {
-                let _ = u.wake(start, len);
-            }
-            return Served::Ours;
-        }
-        st.stats.faults += 1;
-        let set = st.set_count as usize;
-        let layout = st.areas[ai].as_ref().expect("present").layout;
-        let (first, count) = layout.unit(page, set);
-        let was_inflight = slot == INFLIGHT;
-        if !was_inflight {
-            self.request(st, ai, first, count, false);
-        }
-        // Read-ahead: a fault that continues the last one (or lands on read-ahead) grows the
-        // window; anything else resets it.
-        let ra = {
-            let a = st.areas[ai].as_mut().expect("present");
-            a.window = crate::layout::next_window(a.window, was_inflight || first == a.last_end, self.cfg.readahead);
-            a.last_end = first + count;
-            a.window
-        };
-        // Keep read-ahead within a quarter of the local limit so it never evicts the stream.
-        let ra = ra.min(self.cfg.local_mem / 4 / (set * b)).min(MAX_PENDING / 2);
-        // Top the window up in batches: only once less than half of it is still ahead, then
-        // all of it, so the requests leave in one message (and the room is made in one go).
-        let mut next = first + count;
-        let mut ahead = 0;
-        while ahead < ra && next < layout.pages {
-            let (f, c) = layout.unit(next, set);
-            if st.areas[ai].as_ref().expect("present").slot[f..f + c].contains(&NONE) {
-                break;
-            }
-            ahead += 1;
-            next = f + c;
-        }
-        if ra < 4 || ahead * 2 < ra {
-            // Room for the whole batch at once: its victims are dropped together.
-            self.make_room(st, (ra - ahead) * set * b);
-            for _ in ahead..ra {
-                if next >= layout.pages {
-                    break;
-                }
-                let (f, c) = layout.unit(next, set);
-                let a = st.areas[ai].as_ref().expect("present");
-                if a.slot[f..f + c].contains(&NONE) {
-                    self.request(st, ai, f, c, true);
-                }
-                next = f + c;
-            }
-            for s in 0..st.conns.len() {
-                st.flush(s, a_addr + first * b, count * b);
-            }
-        }
-        // Install everything queued up to and including the faulting page.
-        let (srv, _) = layout.home(page);
-        while st.areas[ai].as_ref().expect("present").slot[page] == INFLIGHT {
-            if !self.complete_one(st, srv) {
-                crate::fatal(format_args!("pagewise dlm: internal error: page {page} in flight but nothing pending"));
-            }
-        }
-        if write {
-            // Known write: open the unit now instead of taking a second (WP) fault.
-            let s = st.areas[ai].as_ref().expect("present").slot[page] as usize;
-            if let Some(e) = st.clock.get_mut(s) {
-                if !e.dirty {
-                    e.dirty = true;
-                    let (start, len) = (a_addr + e.first as usize * b, e.count as usize * b);
-                    self.unprotect(start, len);
-                }
-            }
-        }
-        Served::Ours
-    }
-
     fn drain_all(&self, st: &mut State) {
         for s in 0..st.conns.len() {
             while self.complete_one(st, s) {}
-        }
-    }
-
-    fn unprotect(&self, start: usize, len: usize) {
-        let r = match &self.uffd {
-            Some(u) => u.write_protect(start, len, false, true),
-            None => mprotect(start, len, Protection::ReadWrite),
-        };
-        if let Err(e) = r {
-            crate::fatal(format_args!("pagewise dlm: opening {start:#x}+{len:#x} for writing failed: {e}"));
         }
     }
 
@@ -824,8 +735,8 @@ impl Inner {
             // SAFETY: [start, start+len) is resident and now write-protected; reading it does
             // not fault and nobody can change it until it is dropped below.
             let data = unsafe { std::slice::from_raw_parts(start as *const u8, len) };
-            st.send(srv, h, data, start, len);
-            st.conns[srv].pending.push_back(Pending::Write { area: e.area, first, count });
+            let sent = st.send(srv, h, data, start, len);
+            st.conns[srv].pending.push_back(Pending::Write { area: e.area, first, count, sent });
             st.stats.writebacks += 1;
             st.stats.writeback_bytes += len as u64;
             let a = st.areas[ai].as_mut().expect("live");
@@ -892,8 +803,8 @@ impl Inner {
         h.page = spage as u64;
         h.set_count = count as u32;
         let start = a.addr + first * b;
-        st.queue_read(srv, h, start, count * b);
-        st.conns[srv].pending.push_back(Pending::Read { area: ai as u32, first, count, direct });
+        let sent = st.queue_read(srv, h, start, count * b);
+        st.conns[srv].pending.push_back(Pending::Read { area: ai as u32, first, count, direct, sent });
         if !readahead {
             // A demand fault waits for this reply: it leaves now.
             st.flush(srv, start, count * b);
@@ -909,60 +820,6 @@ impl Inner {
         if readahead {
             st.stats.readahead_units += 1;
         }
-    }
-
-    /// Take the next reply owed by server `srv`; false when none is owed.
-    fn complete_one(&self, st: &mut State, srv: usize) -> bool {
-        let Some(p) = st.conns[srv].pending.pop_front() else { return false };
-        let b = self.cfg.base_page;
-        let (ai, first, count, is_read, direct) = match p {
-            Pending::Read { area, first, count, direct } => (area as usize, first, count, true, direct),
-            Pending::Write { area, first, count } => (area as usize, first, count, false, false),
-        };
-        let start = st.areas[ai].as_ref().map(|a| a.addr + first * b).unwrap_or(0);
-        st.flush(srv, start, count * b);
-        let h = match st.conns[srv].t.recv_header() {
-            Ok(h) => h,
-            Err(e) => st.fail(srv, &format!("connection lost: {e}"), start, count * b),
-        };
-        let op = if is_read { Opcode::Read } else { Opcode::Write };
-        if h.status != Status::Ok as u16 || h.opcode != op as u8 | crate::proto::REPLY_BIT {
-            let mut msg = [0u8; 256];
-            let n = (h.length as usize).min(msg.len());
-            let _ = st.conns[srv].t.recv_payload(&mut msg[..n]);
-            let text = String::from_utf8_lossy(&msg[..n]).into_owned();
-            let name = Status::from_u16(h.status).map(|s| s.name()).unwrap_or("unknown status");
-            st.fail(srv, &format!("error reply {name} to {op:?}: {text}"), start, count * b);
-        }
-        if !is_read {
-            return true;
-        }
-        if h.length as usize != count * b {
-            st.fail(srv, &format!("READ reply of {} bytes, expected {}", h.length, count * b), start, count * b);
-        }
-        if direct {
-            let alias = st.areas[ai].as_ref().and_then(|a| a.alias.as_ref()).expect("zero-copy area").0.addr();
-            // SAFETY: the alias maps the memfd read-write and covers the unit; its pages are
-            // in flight, so the program cannot see them (not mapped in its view yet) and nothing
-            // else in the runtime holds a reference to them.
-            let dst = unsafe { std::slice::from_raw_parts_mut((alias + first * b) as *mut u8, count * b) };
-            if let Err(e) = st.conns[srv].t.recv_payload(dst) {
-                st.fail(srv, &format!("connection lost: {e}"), start, count * b);
-            }
-            st.stats.fetched_units += 1;
-            st.stats.fetched_bytes += (count * b) as u64;
-            self.install(st, ai, first, count, Fill::InPlace);
-            return true;
-        }
-        let mut buf = std::mem::take(&mut st.buf);
-        if let Err(e) = st.conns[srv].t.recv_payload(&mut buf[..count * b]) {
-            st.fail(srv, &format!("connection lost: {e}"), start, count * b);
-        }
-        st.stats.fetched_units += 1;
-        st.stats.fetched_bytes += (count * b) as u64;
-        self.install(st, ai, first, count, Fill::Data(&buf[..count * b]));
-        st.buf = buf;
-        true
     }
 
     /// Install the in-flight pages of a unit, write-protected.
@@ -1056,86 +913,45 @@ enum Fill<'a> {
     InPlace,
 }
 
+fn write_decisions(cfg: &Config, m: &crate::measure::Measure) {
+    if let Some(path) = &cfg.decisions_path {
+        if let Err(e) = std::fs::write(path, decisions_json(m)) {
+            eprintln!("pagewise dlm: writing the tuner's decisions to {} failed: {e}", path.display());
+        }
+    }
+}
+
+fn decisions_json(m: &crate::measure::Measure) -> String {
+    serde_json::json!({
+        "decisions": m.decisions,
+        "dropped": m.dropped,
+        "table": crate::tune::format_table(&m.decisions),
+    })
+    .to_string()
+}
+
 impl State {
-    /// Send a message or stop the program naming the server and the range concerned.
-    fn send(&mut self, srv: usize, mut h: Header, payload: &[u8], start: usize, len: usize) {
-        self.flush(srv, start, len);
-        let c = &mut self.conns[srv];
-        h.request_id = c.next_id;
-        c.next_id = c.next_id.wrapping_add(1);
-        h.length = payload.len() as u32;
-        if let Err(e) = c.t.send(&h, payload) {
-            self.fail(srv, &format!("connection lost: {e}"), start, len);
+    /// Put set count `count` in force (read-ahead windows restart).
+    fn apply_set_count(&mut self, count: u32) {
+        self.set_count = count;
+        for a in self.areas.iter_mut().flatten() {
+            a.window = 0;
+            a.last_end = usize::MAX;
         }
     }
 
-    /// Queue a payload-less request (READ) to leave with the next [`State::flush`].
-    fn queue_read(&mut self, srv: usize, mut h: Header, start: usize, len: usize) {
-        if self.conns[srv].corked.len() == self.conns[srv].corked.capacity() {
-            self.flush(srv, start, len);
+    /// For each candidate unit size, the units the pages marked since the last clear touch.
+    fn touched(&self) -> crate::tune::Touched {
+        let mut t = crate::tune::Touched::default();
+        for a in self.areas.iter().flatten() {
+            t.add_bitmap(&a.touched, a.layout.pages, a.layout.max_set as u32);
         }
-        let c = &mut self.conns[srv];
-        h.request_id = c.next_id;
-        c.next_id = c.next_id.wrapping_add(1);
-        h.length = 0;
-        c.corked.push(h);
+        t
     }
 
-    /// Send the queued requests of server `srv` (`start`/`len`: the range named on failure).
-    fn flush(&mut self, srv: usize, start: usize, len: usize) {
-        if self.conns[srv].corked.is_empty() {
-            return;
+    fn clear_touched(&mut self) {
+        for a in self.areas.iter_mut().flatten() {
+            a.touched.iter_mut().for_each(|w| *w = 0);
         }
-        let c = &mut self.conns[srv];
-        let r = c.t.send_headers(&c.corked);
-        c.corked.clear();
-        if let Err(e) = r {
-            self.fail(srv, &format!("connection lost: {e}"), start, len);
-        }
-    }
-
-    fn fail(&self, srv: usize, what: &str, start: usize, len: usize) -> ! {
-        let c = &self.conns[srv];
-        crate::fatal(format_args!(
-            "pagewise dlm: memory server {srv} ({}) failed: {what}; it is the home of pages \
-             {start:#x}-{:#x} of this program, which cannot continue without them",
-            c.addr,
-            start + len
-        ))
-    }
-
-    fn lost(&self, srv: usize, e: std::io::Error) -> DlmError {
-        DlmError::Server { server: self.conns[srv].addr.clone(), detail: e.to_string() }
-    }
-
-    /// A synchronous request outside the fault path (ALLOC, FREE, STATS): error as a value.
-    fn call_raw(&mut self, srv: usize, mut h: Header, payload: &[u8]) -> Result<Header, DlmError> {
-        self.flush(srv, 0, 0);
-        let c = &mut self.conns[srv];
-        h.request_id = c.next_id;
-        c.next_id = c.next_id.wrapping_add(1);
-        h.length = payload.len() as u32;
-        c.t.send(&h, payload).map_err(|e| self.lost(srv, e))?;
-        let rep = self.conns[srv].t.recv_header().map_err(|e| self.lost(srv, e))?;
-        if rep.status != 0 {
-            let mut body = vec![0u8; rep.length as usize];
-            self.conns[srv].t.recv_payload(&mut body).map_err(|e| self.lost(srv, e))?;
-            let name = Status::from_u16(rep.status).map(|s| s.name()).unwrap_or("unknown status");
-            return Err(DlmError::Server {
-                server: self.conns[srv].addr.clone(),
-                detail: format!("{name}: {}", String::from_utf8_lossy(&body)),
-            });
-        }
-        Ok(rep)
-    }
-
-    fn call(&mut self, srv: usize, h: Header, payload: &[u8]) -> Result<Header, DlmError> {
-        debug_assert!(self.conns[srv].pending.is_empty(), "drain before a synchronous call");
-        let rep = self.call_raw(srv, h, payload)?;
-        if rep.length > 0 {
-            let mut body = vec![0u8; rep.length as usize];
-            self.conns[srv].t.recv_payload(&mut body).map_err(|e| self.lost(srv, e))?;
-        }
-        Ok(rep)
     }
 }

@@ -5,7 +5,9 @@
 //! message. Capacity is reserved before a region is mapped, so a request beyond capacity gets
 //! `NO_SPACE` instead of driving the host into the OOM killer. Bad input is answered per
 //! PROTOCOL.md and never panics; a connection's regions are unmapped when it ends, however it
-//! ends.
+//! ends. Clients are bounded (`ServerConfig::max_clients`), dead ones are found by TCP
+//! keepalive, idle ones can be ended (`idle_timeout`), and a region id is never that of a live
+//! region, also after the id counter wraps.
 
 use std::collections::HashMap;
 use std::io::{self, Read};
@@ -29,6 +31,20 @@ pub struct ServerConfig {
     pub capacity: u64,
     /// Log each connection on stderr.
     pub verbose: bool,
+    /// Most clients connected at once; a connection beyond it is closed at once (and counted
+    /// as an error), so a flood of connections cannot exhaust threads or memory.
+    pub max_clients: usize,
+    /// End a connection (freeing its regions) after this long without a byte from the client;
+    /// `None`: never. Dead clients are found anyway through TCP keepalive.
+    pub idle_timeout: Option<std::time::Duration>,
+}
+
+impl ServerConfig {
+    /// A server on `listen` holding at most `capacity` bytes, with the default limits (256
+    /// clients, no idle timeout).
+    pub fn new(listen: impl Into<String>, capacity: u64) -> Self {
+        ServerConfig { listen: listen.into(), capacity, verbose: false, max_clients: 256, idle_timeout: None }
+    }
 }
 
 /// Counters of the whole server.
@@ -60,6 +76,8 @@ struct Shared {
     counters: Counters,
     capacity: u64,
     verbose: bool,
+    max_clients: usize,
+    idle_timeout: Option<std::time::Duration>,
 }
 
 impl Shared {
@@ -104,7 +122,13 @@ impl Server {
         listener.set_nonblocking(true)?;
         Ok(Server {
             listener,
-            shared: Arc::new(Shared { counters: Counters::default(), capacity: cfg.capacity, verbose: cfg.verbose }),
+            shared: Arc::new(Shared {
+                counters: Counters::default(),
+                capacity: cfg.capacity,
+                verbose: cfg.verbose,
+                max_clients: cfg.max_clients,
+                idle_timeout: cfg.idle_timeout,
+            }),
         })
     }
 
@@ -119,17 +143,27 @@ impl Server {
     /// Accept and serve clients until `shutdown` is set (checked every 100 ms).
     pub fn run(&self, shutdown: &AtomicBool) -> io::Result<ServerStats> {
         while !shutdown.load(Ordering::Relaxed) {
-            let mut pfd = libc::pollfd { fd: self.listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-            // SAFETY: one valid pollfd; poll only reads/writes it.
-            let rc = unsafe { libc::poll(&mut pfd, 1, 100) };
-            if rc <= 0 {
-                continue; // timeout or EINTR (a signal: re-check the flag)
+            // Timeout or EINTR (a signal): re-check the flag.
+            if !pagewise_kernel::net::poll(self.listener.as_raw_fd(), std::time::Duration::from_millis(100))
+                .map_err(io::Error::other)?
+            {
+                continue;
             }
             match self.listener.accept() {
                 Ok((stream, peer)) => {
+                    if self.shared.counters.clients.load(Ordering::Relaxed) as usize >= self.shared.max_clients {
+                        self.shared.counters.errors.fetch_add(1, Ordering::Relaxed);
+                        eprintln!(
+                            "dlm-server: refusing {peer}: already {} clients (--max-clients)",
+                            self.shared.max_clients
+                        );
+                        drop(stream);
+                        continue;
+                    }
+                    // Counted here, before the thread starts, so a burst cannot overshoot.
+                    self.shared.counters.clients.fetch_add(1, Ordering::Relaxed);
                     let shared = Arc::clone(&self.shared);
                     let spawned = std::thread::Builder::new().name(format!("dlm-conn-{peer}")).spawn(move || {
-                        shared.counters.clients.fetch_add(1, Ordering::Relaxed);
                         if shared.verbose {
                             eprintln!("dlm-server: client {peer} connected");
                         }
@@ -140,6 +174,7 @@ impl Server {
                         }
                     });
                     if let Err(e) = spawned {
+                        self.shared.counters.clients.fetch_sub(1, Ordering::Relaxed);
                         eprintln!("dlm-server: cannot start a thread for {peer}: {e}");
                     }
                 }
@@ -161,6 +196,12 @@ struct Region {
 /// and their capacity released) on every way out.
 fn serve_connection(stream: TcpStream, shared: &Shared) -> String {
     let _ = stream.set_nodelay(true);
+    let fd = stream.as_raw_fd();
+    // A client that vanished without a FIN (host down, link cut) is found by keepalive.
+    let _ = pagewise_kernel::net::set_dead_peer_timeout(fd, std::time::Duration::from_secs(60));
+    if let Err(e) = pagewise_kernel::net::set_recv_timeout(fd, shared.idle_timeout) {
+        return format!("cannot set the idle timeout: {e}");
+    }
     let mut conn = Conn { stream, regions: HashMap::new(), next_region: 1, shared };
     let why = conn.serve();
     for (_, r) in conn.regions.drain() {
@@ -191,6 +232,9 @@ impl Conn<'_> {
                 Ok(0) => return "closed".into(),
                 Ok(n) if n < HEADER_LEN => return format!("truncated header ({n} bytes)"),
                 Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut => {
+                    return "idle timeout".into()
+                }
                 Err(e) => return format!("read error: {e}"),
             }
             let h = Header::decode(&b);
@@ -292,8 +336,12 @@ impl Conn<'_> {
                             return self.error(h, Status::Server, &e.to_string(), false);
                         }
                     };
-                let id = self.next_region;
-                self.next_region = self.next_region.wrapping_add(1).max(1);
+                // Never hand out the id of a live region, also after the counter wraps.
+                let mut id = self.next_region;
+                while self.regions.contains_key(&id) {
+                    id = id.wrapping_add(1).max(1);
+                }
+                self.next_region = id.wrapping_add(1).max(1);
                 self.regions.insert(id, Region { mem, base_page: base as u64, pages: h.page });
                 self.shared.counters.regions.fetch_add(1, Ordering::Relaxed);
                 let mut rep = *h;

@@ -34,29 +34,14 @@ fn old_slot(sig: libc::c_int) -> &'static AtomicPtr<libc::sigaction> {
 }
 
 /// Install our handler for `sig` (SIGBUS or SIGSEGV).
+///
+/// The action it replaces is kept in storage that is never freed: a handler running on
+/// another thread may be reading the previous saved action while a later `install` replaces
+/// it, so an old one is leaked (one small struct per install; a process installs a handful).
 pub fn install(sig: libc::c_int) -> io::Result<Installed> {
-    // SAFETY: a zeroed sigaction is a valid starting point; we fill handler, flags and mask.
-    let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
-    sa.sa_sigaction = handler as *const () as usize;
-    sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-    // SAFETY: sa.sa_mask is valid storage for a sigset.
-    unsafe { libc::sigemptyset(&mut sa.sa_mask) };
-    let old = Box::into_raw(Box::new(
-        // SAFETY: zeroed sigaction is valid output storage.
-        unsafe { std::mem::zeroed::<libc::sigaction>() },
-    ));
-    // SAFETY: both pointers are valid sigaction structs.
-    if unsafe { libc::sigaction(sig, &sa, old) } != 0 {
-        let e = io::Error::last_os_error();
-        // SAFETY: old came from Box::into_raw above and was not shared.
-        drop(unsafe { Box::from_raw(old) });
-        return Err(e);
-    }
-    let prev = old_slot(sig).swap(old, Ordering::AcqRel);
-    if !prev.is_null() {
-        // SAFETY: prev came from Box::into_raw in an earlier install.
-        drop(unsafe { Box::from_raw(prev) });
-    }
+    let old = pagewise_kernel::signal::swap_handler(sig, handler)
+        .map_err(|e| io::Error::from_raw_os_error(e.errno().unwrap_or(libc::EINVAL)))?;
+    old_slot(sig).store(Box::into_raw(Box::new(old)), Ordering::Release);
     Ok(Installed { sig })
 }
 
@@ -106,8 +91,7 @@ extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
         inner.serve(&mut st, addr, is_write(ctx))
     };
     if let Served::NotOurs = served {
-        // SAFETY: the slot holds the sigaction saved by `install` (freed only when replaced by
-        // a later install); we are in the handler for `sig` with the kernel's arguments.
+        // SAFETY: the slot holds the sigaction saved by `install` (never freed); we are in the handler for `sig` with the kernel's arguments.
         unsafe { pagewise_kernel::signal::forward_to_previous(old_slot(sig).load(Ordering::Acquire), sig, info, ctx) };
     }
     // SAFETY: restoring errno of the interrupted code.

@@ -71,6 +71,20 @@ impl TcpTransport {
         })
     }
 
+    /// Fail a receive that waits longer than `timeout` for the server (ErrorKind::TimedOut),
+    /// and let TCP itself give up on a dead or partitioned peer within about `timeout`
+    /// (keepalive, TCP_USER_TIMEOUT). A stopped server still acknowledges at the TCP level,
+    /// so the receive timeout is what catches it.
+    pub fn with_timeout(self, timeout: Option<Duration>) -> io::Result<Self> {
+        let fd = self.stream.as_raw_fd();
+        let io = |e: pagewise_kernel::Error| io::Error::other(e.to_string());
+        if let Some(t) = timeout {
+            pagewise_kernel::net::set_dead_peer_timeout(fd, t).map_err(io)?;
+        }
+        pagewise_kernel::net::set_recv_timeout(fd, timeout).map_err(io)?;
+        Ok(self)
+    }
+
     /// Set the busy-poll budget (zero: always block).
     pub fn with_spin(mut self, spin: Duration) -> Self {
         self.spin = spin;
@@ -79,21 +93,7 @@ impl TcpTransport {
 
     /// Non-blocking receive into `buf`; Ok(0) when nothing is there yet.
     fn try_recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-        // SAFETY: buf is writable for its length; MSG_DONTWAIT never blocks.
-        let n = unsafe {
-            libc::recv(self.stream.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), libc::MSG_DONTWAIT)
-        };
-        if n > 0 {
-            return Ok(n as usize);
-        }
-        if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed by the server"));
-        }
-        let e = io::Error::last_os_error();
-        match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
-            _ => Err(e),
-        }
+        pagewise_kernel::net::recv_nonblocking(self.stream.as_raw_fd(), buf)
     }
 }
 
@@ -116,6 +116,15 @@ pub fn write_two(w: &mut impl Write, head: &[u8], body: &[u8]) -> io::Result<()>
         }
     }
     Ok(())
+}
+
+/// SO_RCVTIMEO expiring shows as EAGAIN: call it what it is (no allocation).
+fn timed_out(e: io::Error) -> io::Error {
+    if e.kind() == io::ErrorKind::WouldBlock {
+        io::ErrorKind::TimedOut.into()
+    } else {
+        e
+    }
 }
 
 impl Transport for TcpTransport {
@@ -145,12 +154,12 @@ impl Transport for TcpTransport {
                 got += n;
             }
         }
-        self.stream.read_exact(&mut b[got..])?;
+        self.stream.read_exact(&mut b[got..]).map_err(timed_out)?;
         Ok(Header::decode(&b))
     }
 
     fn recv_payload(&mut self, buf: &mut [u8]) -> io::Result<()> {
-        self.stream.read_exact(buf)
+        self.stream.read_exact(buf).map_err(timed_out)
     }
 
     fn peer(&self) -> String {

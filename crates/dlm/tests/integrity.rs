@@ -50,6 +50,7 @@ fn scenario(mode: FaultMode, zero_copy: bool) {
         fault_mode: mode,
         readahead: 16,
         zero_copy,
+        ..Config::default()
     };
     let dlm = Arc::new(Dlm::init(cfg).expect("init"));
     assert_eq!(dlm.mode(), mode);

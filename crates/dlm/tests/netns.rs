@@ -55,26 +55,32 @@ fn scenario() {
     println!("NETNS-OK {}", serde_json::to_string(&st).unwrap());
 }
 
-#[test]
-fn client_and_servers_in_separate_network_namespaces() {
-    if in_child() {
-        scenario();
-        return;
-    }
+/// Two namespaces joined by a veth pair, two servers in one of them.
+struct Setup {
+    servers: [ServerProc; 2],
+    addrs: String,
+    net: String,
+    cns: String,
+    vc: String,
+    ns: Netns,
+}
+
+/// None (after printing why) when the machine cannot make namespaces.
+fn setup(salt: u32) -> Option<Setup> {
     if Command::new("ip").arg("-V").output().is_err() {
         pagewise_kernel::testing::skip("the `ip` command (iproute2) is missing");
-        return;
+        return None;
     }
     // SAFETY: no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         pagewise_kernel::testing::skip("creating network namespaces needs root");
-        return;
+        return None;
     }
-    let id = std::process::id() % 10_000;
+    let id = (std::process::id() + salt) % 10_000;
     let (cns, sns) = (format!("pwdlm-c{id}"), format!("pwdlm-s{id}"));
     let ns = Netns { names: vec![cns.clone(), sns.clone()] };
     let (vc, vs) = (format!("pwc{id}"), format!("pws{id}"));
-    let net = format!("10.213.{}", id % 250);
+    let net = format!("10.{}.{}", 200 + salt % 50, id % 250);
     ip(&["netns", "add", &cns]);
     ip(&["netns", "add", &sns]);
     ip(&["link", "add", &vc, "type", "veth", "peer", "name", &vs]);
@@ -94,22 +100,75 @@ fn client_and_servers_in_separate_network_namespaces() {
     };
     let servers = [start(7101), start(7102)];
     let addrs = servers.iter().map(|s| s.addr.clone()).collect::<Vec<_>>().join(",");
-    let exe = std::env::current_exe().unwrap();
-    let out = Command::new("ip")
-        .args(["netns", "exec", &cns])
-        .arg(exe)
-        .args(["--exact", "client_and_servers_in_separate_network_namespaces", "--nocapture"])
+    Some(Setup { servers, addrs, net, cns, vc, ns })
+}
+
+/// Run test `name` of this binary inside the client namespace.
+fn run_in_client(s: &Setup, name: &str) -> std::process::Output {
+    Command::new("ip")
+        .args(["netns", "exec", &s.cns])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture"])
         .env("DLM_CHILD", "1")
-        .env("DLM_TEST_SERVERS", &addrs)
+        .env("DLM_TEST_SERVERS", &s.addrs)
+        .env("DLM_TEST_LINK", &s.vc)
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn client_and_servers_in_separate_network_namespaces() {
+    if in_child() {
+        scenario();
+        return;
+    }
+    let Some(s) = setup(0) else { return };
+    let out = run_in_client(&s, "client_and_servers_in_separate_network_namespaces");
     let so = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && so.contains("NETNS-OK"), "{so}\n{}", String::from_utf8_lossy(&out.stderr));
     // Both servers saw the client arrive from the client namespace's address, over the veth.
-    for s in &servers {
-        let log = s.log.lock().unwrap().join("");
-        assert!(log.contains(&format!("client {net}.2:")), "server {} log:\n{log}", s.addr);
+    for srv in &s.servers {
+        let log = srv.log.lock().unwrap().join("");
+        assert!(log.contains(&format!("client {}.2:", s.net)), "server {} log:\n{log}", srv.addr);
     }
+    let Setup { servers, ns, .. } = s;
     drop(servers);
     drop(ns);
+}
+
+fn dropped_link_scenario() {
+    let servers: Vec<String> = std::env::var("DLM_TEST_SERVERS").unwrap().split(',').map(String::from).collect();
+    let cfg = Config {
+        servers,
+        local_mem: 1 << 20,
+        readahead: 0,
+        fault_timeout: Some(std::time::Duration::from_secs(2)),
+        ..Config::default()
+    };
+    let dlm = Dlm::init(cfg).unwrap();
+    let base = dlm.alloc(8 << 20).unwrap();
+    // SAFETY: inside the area.
+    unsafe { base.add(4 << 20).write_volatile(7) };
+    dlm.evict_all();
+    // Cut the client's side of the link: requests and replies are dropped from now on.
+    ip(&["link", "set", &std::env::var("DLM_TEST_LINK").unwrap(), "down"]);
+    // SAFETY: inside the area; the fetch must time out and stop the program.
+    let v = unsafe { base.add(4 << 20).read_volatile() };
+    println!("READ-RETURNED {v}");
+}
+
+#[test]
+fn a_dropped_link_stops_the_program_with_a_message() {
+    if in_child() {
+        dropped_link_scenario();
+        return;
+    }
+    let Some(s) = setup(7) else { return };
+    let t = std::time::Instant::now();
+    let out = run_in_client(&s, "a_dropped_link_stops_the_program_with_a_message");
+    let (so, se) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success() && !so.contains("READ-RETURNED"), "{so}\n{se}");
+    assert!(se.contains("no reply within") || se.contains("connection lost"), "{se}");
+    assert!(s.servers.iter().any(|srv| se.contains(&srv.addr)), "the message names the server: {se}");
+    assert!(t.elapsed() < std::time::Duration::from_secs(60), "took {:?}", t.elapsed());
 }

@@ -198,3 +198,122 @@ fn stream_breaking_input_closes_only_that_connection() {
     let v: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
     assert!(v["errors"].as_u64().unwrap() >= 3, "{v}");
 }
+
+/// Thousands of randomized frames — well-formed headers (right magic and version) with random
+/// opcodes, regions, pages, set counts, statuses and lengths, random payloads, and now and
+/// then a corrupted magic or version — over a few connections: the server never crashes,
+/// answers a fresh client correctly afterwards, and counted the errors.
+#[test]
+fn thousands_of_random_frames_never_crash_the_server() {
+    let srv = ServerProc::start("64M");
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(0xD1_5EA5E);
+    let mut frames = 0usize;
+    while frames < 5000 {
+        let c = Client::connect(&srv.addr);
+        // Drain replies on another thread so the server never blocks writing to us.
+        let mut reader = c.0.try_clone().unwrap();
+        let drain = std::thread::spawn(move || {
+            let mut sink = vec![0u8; 1 << 16];
+            while matches!(reader.read(&mut sink), Ok(n) if n > 0) {}
+        });
+        let mut w = c.0;
+        // A region of our own, so some random requests name a live one.
+        let mut h = Header::request(Opcode::Alloc, 1);
+        h.page = 64;
+        h.length = 4;
+        let _ = w.write_all(&h.encode()).and_then(|_| w.write_all(&4096u32.to_le_bytes()));
+        for _ in 0..rng.random_range(50..400) {
+            let mut h = Header::request(Opcode::Read, rng.random());
+            h.opcode = rng.random_range(0..9);
+            h.region = rng.random_range(0..4);
+            h.page = if rng.random_bool(0.8) { rng.random_range(0..80) } else { rng.random() };
+            h.set_count = if rng.random_bool(0.8) { 1 << rng.random_range(0..8) } else { rng.random() };
+            h.status = if rng.random_bool(0.9) { 0 } else { rng.random() };
+            let len: u32 =
+                if rng.random_bool(0.9) { rng.random_range(0..20_000) } else { rng.random_range(0..MAX_PAYLOAD) };
+            h.length = len;
+            if rng.random_bool(0.01) {
+                h.magic = rng.random();
+            }
+            if rng.random_bool(0.01) {
+                h.version = rng.random();
+            }
+            let payload: Vec<u8> = (0..len.min(20_000)).map(|_| rng.random()).collect();
+            frames += 1;
+            if w.write_all(&h.encode()).and_then(|_| w.write_all(&payload)).is_err() {
+                break; // the server closed this connection (stream-breaking input): a new one
+            }
+            if len > 20_000 {
+                break; // we will not send that much: this connection is out of sync now
+            }
+        }
+        // End our side (the reader's clone keeps the socket open): the server sees EOF, ends
+        // the connection, and the drain thread sees it close.
+        let _ = w.shutdown(std::net::Shutdown::Write);
+        let _ = drain.join();
+    }
+    let mut fresh = Client::connect(&srv.addr);
+    let (s, region) = fresh.alloc(16, 4096);
+    assert_eq!(s, Status::Ok);
+    let mut h = Header::request(Opcode::Read, 2);
+    h.region = region;
+    h.set_count = 16;
+    let (s, _, p) = fresh.status(&h, &[]);
+    assert_eq!((s, p.len()), (Status::Ok, 16 * 4096));
+    assert!(p.iter().all(|&b| b == 0));
+    let stats = fresh.stats();
+    assert!(stats.errors > 100, "{stats:?}");
+    drop(fresh);
+    let (st, _) = srv.terminate();
+    assert!(st.success(), "the server did not survive: {st}");
+}
+
+/// The connection bound refuses clients beyond it (others keep working), and an idle
+/// connection is ended — its regions freed — after the idle timeout.
+#[test]
+fn connection_bound_and_idle_timeout() {
+    use pagewise_dlm::server::{Server, ServerConfig};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let cfg = ServerConfig {
+        max_clients: 2,
+        idle_timeout: Some(Duration::from_millis(1500)),
+        ..ServerConfig::new("127.0.0.1:0", 64 << 20)
+    };
+    let server = Server::bind(&cfg).unwrap();
+    let addr = server.local_addr().unwrap().to_string();
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&stop);
+    let t = std::thread::spawn(move || server.run(&flag).unwrap());
+    let mut a = Client::connect(&addr);
+    let mut b = Client::connect(&addr);
+    assert_eq!(a.alloc(16, 4096).0, Status::Ok);
+    assert_eq!(b.alloc(16, 4096).0, Status::Ok);
+    let mut c = Client::connect(&addr);
+    assert!(c.closed(), "a third client must be refused");
+    assert_eq!(a.stats().clients, 2);
+    // a stays busy, b goes idle: b's connection ends and its region is freed.
+    let start = Instant::now();
+    while !b_gone(&mut b) {
+        assert!(start.elapsed() < Duration::from_secs(10), "the idle client was never disconnected");
+        a.stats(); // keeps a busy
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(start.elapsed() >= Duration::from_millis(1000), "ended before the idle timeout");
+    wait_for("the idle client's region to be freed", || a.stats().regions == 1);
+    // Room again for a new client.
+    let mut d = Client::connect(&addr);
+    assert_eq!(d.alloc(16, 4096).0, Status::Ok);
+    stop.store(true, Ordering::Relaxed);
+    let stats = t.join().unwrap();
+    assert!(stats.errors >= 1, "the refused connection is counted: {stats:?}");
+}
+
+/// Whether `c`'s connection was ended by the server (without blocking on a live one).
+fn b_gone(c: &mut Client) -> bool {
+    c.0.set_nonblocking(true).unwrap();
+    let mut b = [0u8; 1];
+    let gone = matches!(c.0.peek(&mut b), Ok(0));
+    c.0.set_nonblocking(false).unwrap();
+    gone
+}

@@ -18,6 +18,7 @@ pub mod fd;
 pub mod features;
 pub mod guard;
 pub mod mem;
+pub mod net;
 pub mod page_idle;
 pub mod pagecache;
 pub mod pagemap_scan;

@@ -58,6 +58,8 @@ pub enum Advice {
     PopulateRead,
     /// Populate page tables, writable (Linux 5.14).
     PopulateWrite,
+    /// MADV_DONTFORK: a child made by fork(2) does not get the range.
+    DontFork,
 }
 
 /// `MADV_COLLAPSE`; libc may not carry it yet. From include/uapi/asm-generic/mman-common.h.
@@ -80,6 +82,7 @@ impl Advice {
             Advice::PageOut => 21,
             Advice::PopulateRead => 22,
             Advice::PopulateWrite => 23,
+            Advice::DontFork => libc::MADV_DONTFORK,
         }
     }
 
@@ -98,6 +101,7 @@ impl Advice {
             Advice::PageOut => "madvise(MADV_PAGEOUT)",
             Advice::PopulateRead => "madvise(MADV_POPULATE_READ)",
             Advice::PopulateWrite => "madvise(MADV_POPULATE_WRITE)",
+            Advice::DontFork => "madvise(MADV_DONTFORK)",
         }
     }
 }
@@ -188,15 +192,25 @@ unsafe impl Sync for Mapping {}
 impl Mapping {
     /// An anonymous mapping of `len` bytes.
     pub fn anonymous(len: usize, opts: &MapOptions) -> Result<Self> {
-        Self::map(len, opts, None, 0)
+        Self::map(len, opts, None, 0, None)
+    }
+
+    /// An anonymous mapping of `len` bytes at `addr` (MAP_FIXED), replacing whatever is mapped
+    /// there; `opts.align` is ignored.
+    ///
+    /// # Safety
+    /// The caller owns `[addr, addr+len)`: nothing else in the process uses or will unmap what
+    /// is mapped there now (e.g. the program's own zero-initialised data, handed over whole).
+    pub unsafe fn anonymous_at(addr: usize, len: usize, opts: &MapOptions) -> Result<Self> {
+        Self::map(len, opts, None, 0, Some(addr))
     }
 
     /// A mapping of `len` bytes of `fd` from `offset`.
     pub fn of_fd(fd: &impl AsRawFd, len: usize, offset: u64, opts: &MapOptions) -> Result<Self> {
-        Self::map(len, opts, Some(fd.as_raw_fd()), offset)
+        Self::map(len, opts, Some(fd.as_raw_fd()), offset, None)
     }
 
-    fn map(len: usize, opts: &MapOptions, fd: Option<RawFd>, offset: u64) -> Result<Self> {
+    fn map(len: usize, opts: &MapOptions, fd: Option<RawFd>, offset: u64, fixed: Option<usize>) -> Result<Self> {
         if len == 0 {
             return Err(Error::Invalid("cannot map zero bytes".into()));
         }
@@ -221,8 +235,14 @@ impl Mapping {
         }
         // Alignment beyond what the kernel guarantees: reserve len+align of address space with
         // PROT_NONE, then map the real thing with MAP_FIXED inside the reservation.
-        let over = if align > unit { align } else { 0 };
-        let base = if over > 0 {
+        let over = if align > unit && fixed.is_none() { align } else { 0 };
+        let base = if let Some(at) = fixed {
+            if at == 0 || !at.is_multiple_of(unit) {
+                return Err(Error::Invalid(format!("fixed address {at:#x} is not aligned to {unit}")));
+            }
+            flags |= libc::MAP_FIXED;
+            at as *mut libc::c_void
+        } else if over > 0 {
             // SAFETY: a fresh PROT_NONE reservation; no existing mapping is touched.
             let r = unsafe {
                 libc::mmap(
@@ -257,12 +277,13 @@ impl Mapping {
         if opts.populate {
             flags |= libc::MAP_POPULATE;
         }
-        // SAFETY: either a fresh mapping chosen by the kernel, or MAP_FIXED over the
-        // reservation this function owns exclusively.
+        // SAFETY: either a fresh mapping chosen by the kernel, MAP_FIXED over the reservation
+        // this function owns exclusively, or MAP_FIXED at `fixed`, which the caller owns
+        // (`anonymous_at`'s contract).
         let ptr = unsafe { libc::mmap(base, len, prot, flags, fd.unwrap_or(-1), offset as libc::off_t) };
         if ptr == libc::MAP_FAILED {
             let err = Error::last_os("mmap");
-            if !base.is_null() {
+            if !base.is_null() && fixed.is_none() {
                 // SAFETY: releasing our own reservation.
                 unsafe { libc::munmap(base, len) };
             }

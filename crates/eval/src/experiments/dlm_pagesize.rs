@@ -12,7 +12,8 @@
 //! BT.A (Table 2). Each cell runs the solver on DLM memory with the local limit at
 //! a ratio of the arrays' size and one page size (base page = page size, set count 1, no
 //! read-ahead, as in the seed), against two `pagewise dlm-server` processes. The result (a
-//! checksum of u) must be bit-identical in every cell. Time is relative to 100% local memory
+//! checksum of u) must be bit-identical in every cell; each cell runs 3 times, interleaved, and the table
+//! gives median [min–max]. Time is relative to 100% local memory
 //! with the same page size. Cells over the time budget are reported as "> budget"; cells
 //! where the limit is below two pages cannot run ("—").
 
@@ -22,22 +23,22 @@ use pagewise_dlm::process::{pagewise_binary, ServerProcess};
 use pagewise_dlm::{Config, Dlm};
 use serde_json::json;
 
-use crate::{human_bytes, ratio, Context, Experiment, Plot, Report, Table};
+use crate::{human_bytes, ratio, Context, Experiment, Plot, Report, Summary, Table};
 
 pub struct DlmPagesize;
 
 /// u, rhs, forcing and four auxiliary arrays (BT's qs, rho_i, square, ws).
-const ARRAYS: usize = 7;
+pub(crate) const ARRAYS: usize = 7;
 
 /// The arrays, as raw pointers into one DLM area.
-struct Grid {
+pub(crate) struct Grid {
     n: usize,
     /// a[0] = u, a[1] = rhs, a[2] = forcing, a[3..7] = auxiliary.
     a: [*mut f64; ARRAYS],
 }
 
 impl Grid {
-    fn new(n: usize, area: *mut f64) -> Self {
+    pub(crate) fn new(n: usize, area: *mut f64) -> Self {
         let elems = n * n * n;
         // SAFETY: the area holds ARRAYS arrays of elems f64 each.
         Grid { n, a: std::array::from_fn(|k| unsafe { area.add(k * elems) }) }
@@ -48,7 +49,7 @@ impl Grid {
     }
 
     /// Fill the arrays one after the other (sequential, so even two pages of local memory do).
-    fn init(&self) {
+    pub(crate) fn init(&self) {
         let n = self.n;
         for (k, &a) in self.a.iter().enumerate() {
             for i in 0..n * n * n {
@@ -116,7 +117,7 @@ impl Grid {
 
     /// One iteration: compute_rhs, then x, y and z sweeps. False when the deadline passed (the
     /// run is censored); the clock is read every 16 lines.
-    fn iterate(&self, deadline: Instant) -> bool {
+    pub(crate) fn iterate(&self, deadline: Instant) -> bool {
         let n = self.n;
         let mut c = vec![0.0; n];
         let mut lines = 0usize;
@@ -146,7 +147,7 @@ impl Grid {
         true
     }
 
-    fn checksum(&self) -> u64 {
+    pub(crate) fn checksum(&self) -> u64 {
         let mut h = 0u64;
         for i in 0..self.n * self.n * self.n {
             // SAFETY: i < n³.
@@ -228,6 +229,7 @@ impl Experiment for DlmPagesize {
         let bin = pagewise_binary()?;
         let n: usize = ctx.mode.pick(64, 96);
         let iterations: usize = ctx.mode.pick(3, 5);
+        let reps: usize = 3;
         let budget = Duration::from_secs(ctx.mode.pick(4, 120));
         let pages: Vec<usize> = ctx.mode.pick(
             vec![1 << 20, 256 << 10, 64 << 10, 16 << 10, 4 << 10],
@@ -237,7 +239,7 @@ impl Experiment for DlmPagesize {
         let total = n * n * n * 8 * ARRAYS;
         let servers = [ServerProcess::spawn(&bin, "4G")?, ServerProcess::spawn(&bin, "4G")?];
         let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
-        ctx.start_progress((pages.len() * ratios.len()) as u64, "cells");
+        ctx.start_progress((pages.len() * ratios.len() * reps) as u64, "cells");
         let mut headers = vec!["page".to_string()];
         headers.extend(ratios.iter().map(|r| format!("{r}%")));
         headers.push("100% s".into());
@@ -246,18 +248,25 @@ impl Experiment for DlmPagesize {
         let mut data = Vec::new();
         let mut report = Report::default();
         let mut reference: Option<u64> = None;
-        for &page in &pages {
-            ctx.message(format!("page {}", human_bytes(page as u64)));
-            let mut row = vec![human_bytes(page as u64)];
-            let mut base_secs = f64::NAN;
-            let mut pts = Vec::new();
-            for &r in &ratios {
-                // 100% means the arrays plus one page of slack (the limit counts whole pages).
-                let local = if r == 100 { total + 2 * page } else { (total * r / 100) / page * page };
-                let cell = run_cell(&addrs, n, page, local, iterations, budget)?;
-                ctx.tick();
-                let text = match &cell {
-                    Cell::Ran { secs, checksum, fetched, evictions } => {
+        let local_of = |page: usize, r: usize| {
+            // 100% means the arrays plus one page of slack (the limit counts whole pages).
+            if r == 100 {
+                total + 2 * page
+            } else {
+                (total * r / 100) / page * page
+            }
+        };
+        // Every cell `reps` times, interleaved: rep 0 of every cell, then rep 1, … so drift of
+        // the machine hits every cell alike. Cells are (page, ratio) in row order.
+        let mut cells: Vec<Vec<Cell>> = Vec::new();
+        for rep in 0..reps {
+            ctx.message(format!("repetition {}/{reps}", rep + 1));
+            let mut k = 0;
+            for &page in &pages {
+                for &r in &ratios {
+                    let cell = run_cell(&addrs, n, page, local_of(page, r), iterations, budget)?;
+                    ctx.tick();
+                    if let Cell::Ran { checksum, .. } = &cell {
                         match reference {
                             None => reference = Some(*checksum),
                             Some(c) => anyhow::ensure!(
@@ -265,25 +274,51 @@ impl Experiment for DlmPagesize {
                                 "page {page} at {r}%: result differs from the first cell (DLM returned wrong data)"
                             ),
                         }
-                        if r == 100 {
-                            base_secs = *secs;
-                        }
-                        let rel = ratio(*secs, base_secs);
-                        pts.push((r as f64, rel));
-                        data.push(json!({"page": page, "ratio": r, "local": local, "secs": secs, "relative": rel,
-                            "fetched_units": fetched, "evictions": evictions}));
-                        if page == 16 << 10 || page == 1 << 20 {
-                            report.figure(&format!("rel_{}k_{r}pct", page >> 10), rel);
-                        }
-                        format!("{rel:.2}")
                     }
-                    Cell::OverBudget => {
-                        data.push(json!({"page": page, "ratio": r, "local": local, "over_budget_s": budget.as_secs()}));
-                        format!("> {:.0}", ratio(budget.as_secs_f64(), base_secs))
+                    if rep == 0 {
+                        cells.push(Vec::new());
                     }
-                    Cell::Impossible => "—".to_string(),
-                };
-                row.push(text);
+                    cells[k].push(cell);
+                    k += 1;
+                }
+            }
+        }
+        let mut k = 0;
+        for &page in &pages {
+            let mut row = vec![human_bytes(page as u64)];
+            let secs_of = |c: &Cell| if let Cell::Ran { secs, .. } = c { *secs } else { f64::NAN };
+            // The row's reference: the median at 100% local memory.
+            let base_secs = Summary::of(&cells[k].iter().map(secs_of).collect::<Vec<_>>()).median;
+            let mut pts = Vec::new();
+            for &r in &ratios {
+                let reps_here = &cells[k];
+                k += 1;
+                let local = local_of(page, r);
+                if reps_here.iter().any(|c| matches!(c, Cell::Impossible)) {
+                    row.push("—".to_string());
+                    continue;
+                }
+                let censored = reps_here.iter().any(|c| matches!(c, Cell::OverBudget));
+                let rels: Vec<f64> = reps_here.iter().map(|c| ratio(secs_of(c), base_secs)).collect();
+                for (rep, c) in reps_here.iter().enumerate() {
+                    match c {
+                        Cell::Ran { secs, fetched, evictions, .. } => data.push(json!({"page": page, "ratio": r,
+                            "local": local, "rep": rep, "secs": secs, "relative": ratio(*secs, base_secs),
+                            "fetched_units": fetched, "evictions": evictions})),
+                        _ => data.push(json!({"page": page, "ratio": r, "local": local, "rep": rep,
+                            "over_budget_s": budget.as_secs()})),
+                    }
+                }
+                if censored {
+                    row.push(format!("> {:.0}", ratio(budget.as_secs_f64(), base_secs)));
+                    continue;
+                }
+                let sum = Summary::of(&rels);
+                pts.push((r as f64, sum.median));
+                if page == 16 << 10 || page == 1 << 20 {
+                    report.figure(&format!("rel_{}k_{r}pct", page >> 10), sum.median);
+                }
+                row.push(sum.display(2));
             }
             row.push(format!("{base_secs:.3}"));
             table.row(row);
@@ -310,8 +345,8 @@ impl Experiment for DlmPagesize {
         report.data = json!(data);
         report.note(format!(
             "Rows: page size; columns: local memory as a share of the arrays. '> X' = stopped at the {} s budget \
-             (at least X× slower); '—' = the limit is below two pages. Every finished cell's result is \
-             bit-identical. Seed (BT.A, T2K): 1024 KB pages at 5% = 1810×, 16 KB at 5% = 18.3×.",
+             (at least X× slower, in any repetition); '—' = the limit is below two pages. Cells: median \
+             [min–max] of 3 interleaved repetitions. Every finished cell's result is bit-identical. Seed (BT.A, T2K): 1024 KB pages at 5% = 1810×, 16 KB at 5% = 18.3×.",
             budget.as_secs()
         ));
         Ok(report)

@@ -2,6 +2,7 @@
 
 use crate::Experiment;
 
+pub mod dlm_autotune;
 pub mod dlm_fault;
 pub mod dlm_pagesize;
 pub mod hps_kvcache;
@@ -21,6 +22,7 @@ pub fn all() -> Vec<&'static dyn Experiment> {
         &hps_kvcache::HpsKvcache,
         &dlm_fault::DlmFault,
         &dlm_pagesize::DlmPagesize,
+        &dlm_autotune::DlmAutotune,
         &reclaim_percore::ReclaimPercore,
         &reclaim_split::ReclaimSplit,
     ]

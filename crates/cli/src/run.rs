@@ -1,0 +1,257 @@
+//! `pagewise run`: an unmodified program on DLM memory. Starts (or checks) the memory servers,
+//! then runs the program with the LD_PRELOAD shim (`preload/`), which routes its large
+//! allocations into DLM areas; stops the servers it started when the program ends and prints
+//! the page-size tuner's decisions.
+
+use std::io::Write;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use pagewise_dlm::parse_size;
+use pagewise_dlm::process::ServerProcess;
+
+/// The shim, compiled from preload/*.c by build.rs.
+static SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libpagewise_preload.so"));
+
+/// Run PROGRAM with its large allocations in DLM memory (memory of `pagewise dlm-server`s).
+#[derive(clap::Args)]
+#[command(
+    after_help = "Example:\n  pagewise run --local-mem 64M --spawn-servers 2 --page-size auto -- ./solver input.dat"
+)]
+pub struct Args {
+    /// Most bytes of the program's DLM memory kept on this host.
+    #[arg(long, default_value = "64M")]
+    local_mem: String,
+    /// Memory servers to use, HOST:PORT,HOST:PORT (default: spawn local ones).
+    #[arg(long, conflicts_with = "spawn_servers")]
+    servers: Option<String>,
+    /// Spawn this many local memory servers for the run (the default, with 1, when --servers
+    /// is not given); they are stopped when the program ends.
+    #[arg(long)]
+    spawn_servers: Option<usize>,
+    /// Capacity of each spawned server.
+    #[arg(long, default_value = "64G")]
+    server_capacity: String,
+    /// The paging unit: a size (4K..64M, a power of two), or `auto`: start at --max-page-size
+    /// and let the tuner follow the working set down to 16 KiB.
+    #[arg(long, default_value = "auto")]
+    page_size: String,
+    /// Largest unit under `--page-size auto`.
+    #[arg(long, default_value = "128K")]
+    max_page_size: String,
+    /// Allocations of at least this many bytes go to DLM memory; smaller ones stay in libc.
+    #[arg(long, default_value = "1M")]
+    min_alloc: String,
+    /// Also put the program's zero-initialised static data (.bss) in DLM memory.
+    #[arg(long)]
+    bss: bool,
+    /// Stop the program when a memory server does not answer a fault within this many
+    /// seconds (0: wait forever).
+    #[arg(long, default_value_t = 30)]
+    fault_timeout: u64,
+    /// Write the tuner's decisions (JSON) to this file.
+    #[arg(long)]
+    decisions: Option<PathBuf>,
+    /// The program and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    program: Vec<String>,
+}
+
+/// libpagewise.so next to this executable (cargo puts both in target/release).
+fn libpagewise() -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the pagewise executable")?;
+    let dir = exe.parent().context("the pagewise executable has no directory")?;
+    for cand in [dir.join("libpagewise.so"), dir.join("../lib/libpagewise.so")] {
+        if cand.is_file() {
+            return Ok(cand.canonicalize()?);
+        }
+    }
+    bail!("libpagewise.so is not next to {} (build it: cargo build --release -p pagewise-capi)", exe.display())
+}
+
+/// The embedded shim written to a file of this run (created exclusively, so no other user's
+/// file can stand in for it; removed when the run ends).
+struct ShimFile(PathBuf);
+
+impl ShimFile {
+    fn create() -> Result<Self> {
+        let path = std::env::temp_dir().join(format!("pagewise-preload-{}.so", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(SHIM))
+            .with_context(|| format!("writing the preload shim to {}", path.display()))?;
+        Ok(ShimFile(path))
+    }
+}
+
+impl Drop for ShimFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Check that every server accepts a connection, before the program starts.
+fn check_reachable(servers: &[String]) -> Result<()> {
+    for (i, s) in servers.iter().enumerate() {
+        let addrs: Vec<_> = s
+            .to_socket_addrs()
+            .with_context(|| format!("memory server {i} ({s}): cannot resolve the address"))?
+            .collect();
+        let mut last = None;
+        for a in &addrs {
+            match TcpStream::connect_timeout(a, Duration::from_secs(3)) {
+                Ok(_) => {
+                    last = None;
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        if let Some(e) = last {
+            bail!("memory server {i} ({s}) is unreachable: {e}; the program was not started");
+        }
+    }
+    Ok(())
+}
+
+/// (base page, max set, set count, auto) for `--page-size`.
+fn page_sizes(page: &str, max: &str) -> Result<(usize, u32, u32, bool)> {
+    const BASE: usize = 16 << 10;
+    if page == "auto" {
+        let max = parse_size(max)?;
+        if !max.is_power_of_two() || !(BASE..=(64 << 20)).contains(&max) {
+            bail!("--max-page-size {max} must be a power of two in 16K..64M");
+        }
+        let sets = (max / BASE) as u32;
+        return Ok((BASE, sets, sets, true));
+    }
+    let size = parse_size(page)?;
+    if !size.is_power_of_two() || !(4096..=(64 << 20)).contains(&size) {
+        bail!("--page-size {page} must be `auto` or a power of two in 4K..64M");
+    }
+    let base = size.min(BASE);
+    let sets = (size / base) as u32;
+    Ok((base, sets, sets, false))
+}
+
+pub fn run(a: Args) -> Result<ExitCode> {
+    let local = parse_size(&a.local_mem)?;
+    let min_alloc = parse_size(&a.min_alloc)?;
+    let (base, max_set, set_count, auto) = page_sizes(&a.page_size, &a.max_page_size)?;
+    if local < 2 * base * max_set as usize {
+        bail!("--local-mem {} is below two of the largest units ({} bytes)", a.local_mem, 2 * base * max_set as usize);
+    }
+    let lib = libpagewise()?;
+    let shim = ShimFile::create()?;
+    let mut spawned = Vec::new();
+    let servers: Vec<String> = match &a.servers {
+        Some(list) => {
+            let s: Vec<String> = list.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect();
+            if s.is_empty() {
+                bail!("--servers names no server");
+            }
+            check_reachable(&s)?;
+            s
+        }
+        None => {
+            let n = a.spawn_servers.unwrap_or(1);
+            if n == 0 || n > 64 {
+                bail!("--spawn-servers {n}: give 1..64");
+            }
+            let bin = std::env::current_exe()?;
+            for _ in 0..n {
+                let p = ServerProcess::spawn(&bin, &a.server_capacity).context("starting a memory server")?;
+                spawned.push(p);
+            }
+            spawned.iter().map(|p| p.addr.clone()).collect()
+        }
+    };
+    let decisions = match &a.decisions {
+        Some(p) => Some(p.clone()),
+        None if auto => Some(std::env::temp_dir().join(format!("pagewise-run-{}.decisions.json", std::process::id()))),
+        None => None,
+    };
+    let preload = match std::env::var("LD_PRELOAD") {
+        Ok(v) if !v.is_empty() => format!("{}:{v}", shim.0.display()),
+        _ => shim.0.display().to_string(),
+    };
+    let mut cmd = Command::new(&a.program[0]);
+    cmd.args(&a.program[1..])
+        .env("LD_PRELOAD", preload)
+        .env("PAGEWISE_PRELOAD_ARENA", "dlm")
+        .env("PAGEWISE_PRELOAD_LIB", &lib)
+        .env("PAGEWISE_PRELOAD_MIN_ALLOC", min_alloc.to_string())
+        .env("PAGEWISE_PRELOAD_REPORT", "1")
+        .env("PAGEWISE_DLM_SERVERS", servers.join(","))
+        .env("PAGEWISE_DLM_LOCAL_MEM", local.to_string())
+        .env("PAGEWISE_DLM_PAGE_SIZE", base.to_string())
+        .env("PAGEWISE_DLM_MAX_SET", max_set.to_string())
+        .env("PAGEWISE_DLM_SET_COUNT", set_count.to_string())
+        .env("PAGEWISE_DLM_AUTO_TUNE", if auto { "1" } else { "0" })
+        // The handler thread serves faults the kernel takes for the program (read(2) into a
+        // malloc'd array); SIGBUS mode would return EFAULT there.
+        .env("PAGEWISE_DLM_FAULT_MODE", "thread")
+        .env("PAGEWISE_DLM_DONTFORK", "1")
+        .env("PAGEWISE_DLM_FAULT_TIMEOUT_MS", (a.fault_timeout * 1000).to_string());
+    if a.bss {
+        cmd.env("PAGEWISE_PRELOAD_BSS", "1");
+    }
+    if let Some(d) = &decisions {
+        let _ = std::fs::remove_file(d);
+        cmd.env("PAGEWISE_DLM_DECISIONS", d);
+    }
+    let status = cmd.status().with_context(|| format!("starting {}", a.program[0]))?;
+    for p in spawned {
+        let _ = p.stop();
+    }
+    if let Some(d) = &decisions {
+        print_decisions(d, a.decisions.is_none());
+    }
+    Ok(match (status.code(), status.signal()) {
+        (Some(c), _) => ExitCode::from(c as u8),
+        (None, Some(sig)) => {
+            eprintln!("pagewise run: {} was killed by signal {sig}", a.program[0]);
+            ExitCode::from(128u8.wrapping_add(sig as u8))
+        }
+        _ => ExitCode::FAILURE,
+    })
+}
+
+/// Print the tuner's per-iteration table (and remove the file if it was ours).
+fn print_decisions(path: &Path, ours: bool) {
+    let Ok(text) = std::fs::read_to_string(path) else { return };
+    if ours {
+        let _ = std::fs::remove_file(path);
+    }
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else { return };
+    let n = v["decisions"].as_array().map(|d| d.len()).unwrap_or(0);
+    if n > 0 {
+        eprintln!("pagewise run: page-size decisions ({n}):\n{}", v["table"].as_str().unwrap_or(""));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_size_flags() {
+        assert_eq!(page_sizes("auto", "128K").unwrap(), (16 << 10, 8, 8, true));
+        assert_eq!(page_sizes("64K", "128K").unwrap(), (16 << 10, 4, 4, false));
+        assert_eq!(page_sizes("4K", "128K").unwrap(), (4 << 10, 1, 1, false));
+        assert!(page_sizes("48K", "128K").is_err());
+        assert!(page_sizes("auto", "8K").is_err());
+    }
+
+    #[test]
+    fn the_shim_is_embedded() {
+        assert_eq!(&SHIM[..4], b"\x7fELF");
+    }
+}

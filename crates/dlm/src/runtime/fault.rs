@@ -1,0 +1,182 @@
+//! The fault path: where a fault on a DLM area is served, whoever receives it — the
+//! handler thread (userfaultfd messages) or the faulting thread itself (the SIGBUS / SIGSEGV
+//! handlers in `signals.rs`). Lookup, the unit at the current set count, read-ahead, install,
+//! first-write opening, and the tuner's per-fault bookkeeping.
+
+use std::sync::atomic::Ordering;
+
+use pagewise_kernel::mem::{mprotect, Protection};
+use pagewise_kernel::uffd::Event;
+
+use super::{Inner, State, INFLIGHT, MAX_PENDING, NONE};
+use crate::config::FaultMode;
+
+pub(super) fn handler_thread(inner: &Inner) {
+    let uffd = inner.uffd.as_ref().expect("handler mode has a uffd");
+    let fd = std::os::fd::AsRawFd::as_raw_fd(uffd);
+    while !inner.stop.load(Ordering::Acquire) {
+        match pagewise_kernel::net::poll(fd, std::time::Duration::from_millis(100)) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => crate::fatal(format_args!("pagewise dlm: waiting for faults failed: {e}")),
+        }
+        loop {
+            match uffd.read_event() {
+                Ok(Some(Event::Pagefault { addr, write, .. })) => {
+                    // A panic here would leave the faulting thread waiting forever: stop instead.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        let mut st = inner.lock();
+                        inner.serve(&mut st, addr, write);
+                    }));
+                    if r.is_err() {
+                        crate::fatal(format_args!("pagewise dlm: the fault handler failed at {addr:#x}"));
+                    }
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(e) => {
+                    crate::fatal(format_args!("pagewise dlm: reading the userfaultfd failed: {e}"));
+                }
+            }
+        }
+    }
+}
+
+/// Result of a fault lookup.
+pub(crate) enum Served {
+    Ours,
+    NotOurs,
+}
+
+impl Inner {
+    /// Serve a fault at `addr` (write: known to be a write). Fatal on server failure.
+    pub(crate) fn serve(&self, st: &mut State, addr: usize, write: bool) -> Served {
+        let Some(ai) =
+            st.areas.iter().position(|a| a.as_ref().is_some_and(|a| addr >= a.addr && addr < a.addr + a.len))
+        else {
+            return Served::NotOurs;
+        };
+        let b = self.cfg.base_page;
+        let (page, a_addr) = {
+            let a = st.areas[ai].as_ref().expect("present");
+            ((addr - a.addr) / b, a.addr)
+        };
+        let slot = st.areas[ai].as_ref().expect("present").slot[page];
+        if slot != NONE && slot != INFLIGHT {
+            // Resident: a first write (WP / PROT_READ), or a fault that lost a race.
+            let e = *st.clock.get(slot as usize).expect("live slot");
+            st.clock.touch(slot as usize);
+            let start = a_addr + e.first as usize * b;
+            let len = e.count as usize * b;
+            if !e.dirty && (write || self.mode != FaultMode::HandlerThread) {
+                st.clock.get_mut(slot as usize).expect("live").dirty = true;
+                st.stats.wp_faults += 1;
+                self.unprotect(start, len);
+            } else if let Some(u) = &self.uffd {
+                let _ = u.wake(start, len);
+            }
+            return Served::Ours;
+        }
+        st.stats.faults += 1;
+        let t0 = std::time::Instant::now();
+        crate::measure::mark(&mut st.areas[ai].as_mut().expect("present").touched, page);
+        let set = st.set_count as usize;
+        let layout = st.areas[ai].as_ref().expect("present").layout;
+        let (first, count) = layout.unit(page, set);
+        let was_inflight = slot == INFLIGHT;
+        if !was_inflight {
+            self.request(st, ai, first, count, false);
+        }
+        // Read-ahead: a fault that continues the last one (or lands on read-ahead) grows the
+        // window; anything else resets it.
+        let ra = {
+            let a = st.areas[ai].as_mut().expect("present");
+            a.window = crate::layout::next_window(a.window, was_inflight || first == a.last_end, self.cfg.readahead);
+            a.last_end = first + count;
+            a.window
+        };
+        // Keep read-ahead within a quarter of the local limit so it never evicts the stream.
+        let ra = ra.min(self.cfg.local_mem / 4 / (set * b)).min(MAX_PENDING / 2);
+        // Top the window up in batches: only once less than half of it is still ahead, then
+        // all of it, so the requests leave in one message (and the room is made in one go).
+        let mut next = first + count;
+        let mut ahead = 0;
+        while ahead < ra && next < layout.pages {
+            let (f, c) = layout.unit(next, set);
+            if st.areas[ai].as_ref().expect("present").slot[f..f + c].contains(&NONE) {
+                break;
+            }
+            ahead += 1;
+            next = f + c;
+        }
+        if ra < 4 || ahead * 2 < ra {
+            // Room for the whole batch at once: its victims are dropped together.
+            self.make_room(st, (ra - ahead) * set * b);
+            for _ in ahead..ra {
+                if next >= layout.pages {
+                    break;
+                }
+                let (f, c) = layout.unit(next, set);
+                let a = st.areas[ai].as_ref().expect("present");
+                if a.slot[f..f + c].contains(&NONE) {
+                    self.request(st, ai, f, c, true);
+                }
+                next = f + c;
+            }
+            for s in 0..st.conns.len() {
+                st.flush(s, a_addr + first * b, count * b);
+            }
+        }
+        // Install everything queued up to and including the faulting page.
+        let (srv, _) = layout.home(page);
+        while st.areas[ai].as_ref().expect("present").slot[page] == INFLIGHT {
+            if !self.complete_one(st, srv) {
+                crate::fatal(format_args!("pagewise dlm: internal error: page {page} in flight but nothing pending"));
+            }
+        }
+        if write {
+            // Known write: open the unit now instead of taking a second (WP) fault.
+            let s = st.areas[ai].as_ref().expect("present").slot[page] as usize;
+            if let Some(e) = st.clock.get_mut(s) {
+                if !e.dirty {
+                    e.dirty = true;
+                    let (start, len) = (a_addr + e.first as usize * b, e.count as usize * b);
+                    self.unprotect(start, len);
+                }
+            }
+        }
+        let now = std::time::Instant::now();
+        if st.measure.loop_fault(st.set_count) {
+            st.measure.loop_faults = 0;
+            let touched = st.touched();
+            let (id, started) = st.measure.active.expect("a loop is measured");
+            let tuner = st.measure.tuner;
+            if let Some(state) = st.measure.loops.get_mut(&id) {
+                let time = now.duration_since(started).as_secs_f64();
+                if let Some(d) = crate::tune::decide_early(&tuner, state, &touched, time, id) {
+                    let set = state.set;
+                    st.measure.log(d);
+                    st.apply_set_count(set);
+                    st.clear_touched();
+                }
+            }
+        }
+        if st.measure.fault(now - t0, now) {
+            let touched = st.touched();
+            let set = st.measure.close_window(&touched, now);
+            st.apply_set_count(set);
+            st.clear_touched();
+        }
+        Served::Ours
+    }
+
+    pub(super) fn unprotect(&self, start: usize, len: usize) {
+        let r = match &self.uffd {
+            Some(u) => u.write_protect(start, len, false, true),
+            None => mprotect(start, len, Protection::ReadWrite),
+        };
+        if let Err(e) = r {
+            crate::fatal(format_args!("pagewise dlm: opening {start:#x}+{len:#x} for writing failed: {e}"));
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! Remote I/O: the connections to the memory servers, what each owes us, and every reply
+//! checked against its request before a byte of it is used. The fault path's sends and
+//! receives allocate nothing, also when they fail (`State::fail` formats into a fixed buffer).
+
+use std::collections::VecDeque;
+
+use super::{Fill, Inner, State};
+use crate::proto::{Header, Opcode, Status};
+use crate::transport::Transport;
+use crate::DlmError;
+
+pub(super) enum Pending {
+    /// `direct`: the reply goes straight into the area's page cache (zero-copy mode).
+    Read {
+        area: u32,
+        first: usize,
+        count: usize,
+        direct: bool,
+        sent: Sent,
+    },
+    Write {
+        area: u32,
+        first: usize,
+        count: usize,
+        sent: Sent,
+    },
+}
+
+/// What a request named, so its reply can be checked against it before any byte is used.
+#[derive(Clone, Copy)]
+pub(super) struct Sent {
+    id: u32,
+    region: u32,
+    page: u64,
+    set_count: u32,
+}
+
+impl Sent {
+    fn of(h: &Header) -> Self {
+        Sent { id: h.request_id, region: h.region, page: h.page, set_count: h.set_count }
+    }
+
+    /// Why `rep` cannot be the reply to this request (op: its opcode), if it cannot.
+    fn mismatch(&self, rep: &Header, op: Opcode, payload: usize) -> Option<&'static str> {
+        if rep.magic != crate::proto::MAGIC {
+            Some("bad magic")
+        } else if rep.version != crate::proto::VERSION {
+            Some("bad protocol version")
+        } else if rep.opcode != op as u8 | crate::proto::REPLY_BIT {
+            Some("reply to another operation")
+        } else if rep.request_id != self.id {
+            Some("reply to another request id")
+        } else if rep.region != self.region {
+            Some("reply for another region")
+        } else if rep.page != self.page || rep.set_count != self.set_count {
+            Some("reply for other pages")
+        } else if rep.status == Status::Ok as u16 && rep.length as usize != payload {
+            Some("reply of the wrong length")
+        } else {
+            None
+        }
+    }
+}
+
+pub(super) struct Conn {
+    pub(super) t: Box<dyn Transport>,
+    pub(super) addr: String,
+    pub(super) next_id: u32,
+    pub(super) pending: VecDeque<Pending>,
+    /// READ requests queued (already in `pending`) but not yet sent: read-ahead requests leave
+    /// in one batch (`State::flush`); anything that sends or receives on the connection
+    /// flushes first, so replies still come in `pending` order.
+    pub(super) corked: Vec<Header>,
+}
+
+impl Inner {
+    /// Take the next reply owed by server `srv`; false when none is owed.
+    pub(super) fn complete_one(&self, st: &mut State, srv: usize) -> bool {
+        let Some(p) = st.conns[srv].pending.pop_front() else { return false };
+        let b = self.cfg.base_page;
+        let (ai, first, count, is_read, direct, sent) = match p {
+            Pending::Read { area, first, count, direct, sent } => (area as usize, first, count, true, direct, sent),
+            Pending::Write { area, first, count, sent } => (area as usize, first, count, false, false, sent),
+        };
+        let start = st.areas[ai].as_ref().map(|a| a.addr + first * b).unwrap_or(0);
+        st.flush(srv, start, count * b);
+        let h = match st.conns[srv].t.recv_header() {
+            Ok(h) => h,
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => st.fail(
+                srv,
+                &format_args!(
+                    "no reply within {:?} (the server is stopped, hung or cut off)",
+                    self.cfg.fault_timeout.unwrap_or_default()
+                ),
+                start,
+                count * b,
+            ),
+            Err(e) => st.fail(srv, &format_args!("connection lost: {e}"), start, count * b),
+        };
+        let op = if is_read { Opcode::Read } else { Opcode::Write };
+        // Every reply is checked against its request before a byte of it is used: a reply
+        // that does not match stops the program, it never installs bytes (issue 9).
+        if let Some(why) = sent.mismatch(&h, op, if is_read { count * b } else { 0 }) {
+            st.fail(
+                srv,
+                &format_args!(
+                    "{why} (got opcode {:#x} status {} id {} region {} page {} set {} length {}; sent id {} region {} page {} set {})",
+                    h.opcode, h.status, h.request_id, h.region, h.page, h.set_count, h.length,
+                    sent.id, sent.region, sent.page, sent.set_count
+                ),
+                start,
+                count * b,
+            );
+        }
+        if h.status != Status::Ok as u16 {
+            let mut msg = [0u8; 256];
+            let n = (h.length as usize).min(msg.len());
+            let _ = st.conns[srv].t.recv_payload(&mut msg[..n]);
+            // No allocation here either: this may run in a signal handler.
+            let text = std::str::from_utf8(&msg[..n]).unwrap_or("(message not UTF-8)");
+            let name = Status::from_u16(h.status).map(|s| s.name()).unwrap_or("unknown status");
+            st.fail(srv, &format_args!("error reply {name} to {op:?}: {text}"), start, count * b);
+        }
+        if !is_read {
+            return true;
+        }
+        if direct {
+            let alias = st.areas[ai].as_ref().and_then(|a| a.alias.as_ref()).expect("zero-copy area").0.addr();
+            // SAFETY: the alias maps the memfd read-write and covers the unit; its pages are
+            // in flight, so the program cannot see them (not mapped in its view yet) and nothing
+            // else in the runtime holds a reference to them.
+            let dst = unsafe { std::slice::from_raw_parts_mut((alias + first * b) as *mut u8, count * b) };
+            if let Err(e) = st.conns[srv].t.recv_payload(dst) {
+                st.fail(srv, &format_args!("connection lost: {e}"), start, count * b);
+            }
+            st.stats.fetched_units += 1;
+            st.stats.fetched_bytes += (count * b) as u64;
+            self.install(st, ai, first, count, Fill::InPlace);
+            return true;
+        }
+        let mut buf = std::mem::take(&mut st.buf);
+        if let Err(e) = st.conns[srv].t.recv_payload(&mut buf[..count * b]) {
+            st.fail(srv, &format_args!("connection lost: {e}"), start, count * b);
+        }
+        st.stats.fetched_units += 1;
+        st.stats.fetched_bytes += (count * b) as u64;
+        self.install(st, ai, first, count, Fill::Data(&buf[..count * b]));
+        st.buf = buf;
+        true
+    }
+}
+
+impl State {
+    /// Send a message or stop the program naming the server and the range concerned.
+    pub(super) fn send(&mut self, srv: usize, mut h: Header, payload: &[u8], start: usize, len: usize) -> Sent {
+        self.flush(srv, start, len);
+        let c = &mut self.conns[srv];
+        h.request_id = c.next_id;
+        c.next_id = c.next_id.wrapping_add(1);
+        h.length = payload.len() as u32;
+        if let Err(e) = c.t.send(&h, payload) {
+            self.fail(srv, &format_args!("connection lost: {e}"), start, len);
+        }
+        Sent::of(&h)
+    }
+
+    /// Queue a payload-less request (READ) to leave with the next [`State::flush`].
+    pub(super) fn queue_read(&mut self, srv: usize, mut h: Header, start: usize, len: usize) -> Sent {
+        if self.conns[srv].corked.len() == self.conns[srv].corked.capacity() {
+            self.flush(srv, start, len);
+        }
+        let c = &mut self.conns[srv];
+        h.request_id = c.next_id;
+        c.next_id = c.next_id.wrapping_add(1);
+        h.length = 0;
+        c.corked.push(h);
+        Sent::of(&h)
+    }
+
+    /// Send the queued requests of server `srv` (`start`/`len`: the range named on failure).
+    pub(super) fn flush(&mut self, srv: usize, start: usize, len: usize) {
+        if self.conns[srv].corked.is_empty() {
+            return;
+        }
+        let c = &mut self.conns[srv];
+        let r = c.t.send_headers(&c.corked);
+        c.corked.clear();
+        if let Err(e) = r {
+            self.fail(srv, &format_args!("connection lost: {e}"), start, len);
+        }
+    }
+
+    pub(super) fn fail(&self, srv: usize, what: &std::fmt::Arguments<'_>, start: usize, len: usize) -> ! {
+        let c = &self.conns[srv];
+        crate::fatal(format_args!(
+            "pagewise dlm: memory server {srv} ({}) failed: {what}; it is the home of pages \
+             {start:#x}-{:#x} of this program, which cannot continue without them",
+            c.addr,
+            start + len
+        ))
+    }
+
+    pub(super) fn lost(&self, srv: usize, e: std::io::Error) -> DlmError {
+        DlmError::Server { server: self.conns[srv].addr.clone(), detail: e.to_string() }
+    }
+
+    /// A synchronous request outside the fault path (ALLOC, FREE, STATS): error as a value.
+    pub(super) fn call_raw(&mut self, srv: usize, mut h: Header, payload: &[u8]) -> Result<Header, DlmError> {
+        self.flush(srv, 0, 0);
+        let c = &mut self.conns[srv];
+        h.request_id = c.next_id;
+        c.next_id = c.next_id.wrapping_add(1);
+        h.length = payload.len() as u32;
+        c.t.send(&h, payload).map_err(|e| self.lost(srv, e))?;
+        let rep = self.conns[srv].t.recv_header().map_err(|e| self.lost(srv, e))?;
+        if rep.status != 0 {
+            let mut body = vec![0u8; rep.length as usize];
+            self.conns[srv].t.recv_payload(&mut body).map_err(|e| self.lost(srv, e))?;
+            let name = Status::from_u16(rep.status).map(|s| s.name()).unwrap_or("unknown status");
+            return Err(DlmError::Server {
+                server: self.conns[srv].addr.clone(),
+                detail: format!("{name}: {}", String::from_utf8_lossy(&body)),
+            });
+        }
+        Ok(rep)
+    }
+
+    pub(super) fn call(&mut self, srv: usize, h: Header, payload: &[u8]) -> Result<Header, DlmError> {
+        debug_assert!(self.conns[srv].pending.is_empty(), "drain before a synchronous call");
+        let rep = self.call_raw(srv, h, payload)?;
+        if rep.length > 0 {
+            let mut body = vec![0u8; rep.length as usize];
+            self.conns[srv].t.recv_payload(&mut body).map_err(|e| self.lost(srv, e))?;
+        }
+        Ok(rep)
+    }
+}
