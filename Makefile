@@ -6,12 +6,12 @@ CARGO ?= cargo
 PAGEWISE := target/release/pagewise
 EVAL_FLAGS ?= --quick
 
-.PHONY: all build eval test deps fmt lint clean
+.PHONY: all build eval test deps fmt lint clean java java-test
 
 all: build
 
 # Debian packages the tests and experiments use, installed only when missing.
-APT_PACKAGES := build-essential pkg-config iproute2
+APT_PACKAGES := build-essential pkg-config iproute2 openjdk-17-jdk-headless maven
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -22,6 +22,7 @@ deps:
 
 build: deps
 	$(CARGO) build --release --workspace
+	$(MAKE) java
 
 eval: build
 	$(PAGEWISE) eval all $(EVAL_FLAGS)
@@ -30,6 +31,16 @@ eval: build
 test: build
 	@set -o pipefail; $(CARGO) test --release --workspace 2>&1 | tee target/test.log
 	@awk '/^test result:/ { p += $$4; f += $$6; s += $$8 } END { printf "%d passed, %d failed, %d skipped\n", p, f, s }' target/test.log
+	$(MAKE) java-test
+
+# The Java module (java/): JNI binding to hp_alloc, HugepageBuffers, the Spark agent and plugin.
+# Packs target/release/libpagewise.so into java/target/pagewise-spark-0.1.0.jar.
+MVN ?= mvn -q -B
+java:
+	cd java && $(MVN) package -DskipTests
+
+java-test:
+	cd java && $(MVN) test
 
 fmt:
 	$(CARGO) fmt --all
