@@ -12,6 +12,8 @@
 use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;
 
+use pagewise_kernel::mem::{align_down, align_up, madvise, Advice, HUGE_PMD};
+
 use crate::hp_alloc::{HpArena, HpConfig, HpStats};
 
 /// `struct hp_stats`.
@@ -165,6 +167,31 @@ pub extern "C" fn Java_dev_pagewise_hugepage_HpAlloc_stats0(_env: *mut c_void, _
     stats_raw(out as usize as *mut HpStatsC) as i32
 }
 
+/// JNI: `static native long adviseHuge0(long addr, long len)`: MADV_HUGEPAGE on the whole
+/// 2 MiB regions inside `[addr, addr+len)` (memory not from the arena: the scanning baseline of
+/// the paper, which advises cached buffers after the fact and leaves promotion to khugepaged).
+/// Returns the bytes advised (0 when no whole region fits), or -errno.
+#[no_mangle]
+pub extern "C" fn Java_dev_pagewise_hugepage_HpAlloc_adviseHuge0(
+    _env: *mut c_void,
+    _cls: *mut c_void,
+    addr: i64,
+    len: i64,
+) -> i64 {
+    if addr <= 0 || len <= 0 {
+        return -(libc::EINVAL as i64);
+    }
+    let start = align_up(addr as usize, HUGE_PMD);
+    let end = align_down((addr as usize).saturating_add(len as usize), HUGE_PMD);
+    if end <= start {
+        return 0;
+    }
+    guarded(|| match madvise(start, end - start, Advice::HugePage) {
+        Ok(()) => (end - start) as i64,
+        Err(e) => -(e.errno().unwrap_or(libc::EINVAL) as i64),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,5 +216,20 @@ mod tests {
         let a = Java_dev_pagewise_hugepage_HpAlloc_alloc0(std::ptr::null_mut(), std::ptr::null_mut(), 1000);
         assert!(a > 0);
         assert_eq!(Java_dev_pagewise_hugepage_HpAlloc_free0(std::ptr::null_mut(), std::ptr::null_mut(), a), 0);
+    }
+
+    #[test]
+    fn advise_covers_only_whole_regions_inside() {
+        let n = std::ptr::null_mut();
+        let m = pagewise_kernel::mem::Mapping::anonymous(
+            6 << 20,
+            &pagewise_kernel::mem::MapOptions { align: Some(HUGE_PMD), ..Default::default() },
+        )
+        .unwrap();
+        let a = m.addr() as i64;
+        assert_eq!(Java_dev_pagewise_hugepage_HpAlloc_adviseHuge0(n, n, a + 4096, (4 << 20) + 8192), 2 << 20);
+        assert_eq!(Java_dev_pagewise_hugepage_HpAlloc_adviseHuge0(n, n, a, 6 << 20), 6 << 20);
+        assert_eq!(Java_dev_pagewise_hugepage_HpAlloc_adviseHuge0(n, n, a + 16, 1 << 20), 0);
+        assert_eq!(Java_dev_pagewise_hugepage_HpAlloc_adviseHuge0(n, n, -1, 10), -(libc::EINVAL as i64));
     }
 }

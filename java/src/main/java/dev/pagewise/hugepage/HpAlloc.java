@@ -61,4 +61,7 @@ public final class HpAlloc {
 
   /** hp_stats into the struct hp_stats at outAddr: 0 or -errno. */
   static native int stats0(long outAddr);
+
+  /** MADV_HUGEPAGE on the whole 2 MiB regions inside [addr, addr+len): bytes advised or -errno. */
+  public static native long adviseHuge0(long addr, long len);
 }

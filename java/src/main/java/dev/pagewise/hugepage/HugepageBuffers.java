@@ -157,6 +157,18 @@ public final class HugepageBuffers {
     return FREED.get();
   }
 
+  /** The address of a direct buffer (for {@link HpAlloc#adviseHuge0}). */
+  public static long addressOf(ByteBuffer direct) {
+    if (UNAVAILABLE != null || !direct.isDirect()) {
+      throw new IllegalArgumentException("not a direct buffer, or the arena is unavailable");
+    }
+    try {
+      return BUFFER_ADDRESS.getLong(direct);
+    } catch (IllegalAccessException e) {
+      throw new IllegalStateException(e);
+    }
+  }
+
   /** The arena's statistics (hp_stats; reads /proc/self/smaps). */
   public static Stats stats() {
     if (UNAVAILABLE != null) {
