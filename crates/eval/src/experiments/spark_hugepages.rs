@@ -327,11 +327,17 @@ impl Experiment for SparkHugepages {
         let fits = |b: u64| b * 3 < mem_total;
         let (sizes, skipped): (Vec<u64>, Vec<u64>) = sizes.into_iter().partition(|&b| fits(b));
         let max = *sizes.iter().max().context("no data size fits this machine's memory")?;
-        let executor_mem_mb = ((max / 4) * 5 / 2 >> 20).max(1536);
+        let executor_mem_mb = (((max / 4) * 5 / 2) >> 20).max(1536);
         let reps = ctx.mode.pick(1, 3);
         let passes = ctx.mode.pick(5, 10);
         let configs = [Config::Off, Config::Entire, Config::Part, Config::PartOld];
-        let workloads = ["micro", "kmeans"];
+        // PAGEWISE_SPARK_WORKLOADS=micro runs one workload (a smoke run on a busy machine).
+        let workloads: Vec<&str> = match std::env::var("PAGEWISE_SPARK_WORKLOADS") {
+            Ok(v) if v == "micro" => vec!["micro"],
+            Ok(v) if v == "kmeans" => vec!["kmeans"],
+            Ok(v) if v != "micro,kmeans" => bail!("PAGEWISE_SPARK_WORKLOADS={v:?}: micro, kmeans or micro,kmeans"),
+            _ => vec!["micro", "kmeans"],
+        };
         let logs = ctx.out_dir.join("logs");
         std::fs::create_dir_all(&logs)?;
         ctx.message("starting the standalone cluster");
@@ -353,7 +359,7 @@ impl Experiment for SparkHugepages {
         ]);
         let mut plot = Plot::new("Executors' hugepage bytes over time (micro, largest size)", "s", "GiB");
         let mut data = Vec::new();
-        for workload in workloads {
+        for &workload in &workloads {
             for &bytes in &sizes {
                 ctx.message(format!("{workload} {}", human_bytes(bytes)));
                 let runs = interleave(ctx, &configs, reps, |&c, _| run_once(&setup, c, workload, bytes, passes))?;
