@@ -117,6 +117,14 @@ struct Cluster {
     url: String,
 }
 
+/// SIGTERM the child when this process ends, also when it is killed (Drop does not run then):
+/// the Spark daemons' own shutdown hooks stop their executors.
+fn die_with_us(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs between fork and exec and makes one async-signal-safe syscall.
+    unsafe { cmd.pre_exec(|| pagewise_kernel::signal::set_parent_death_signal(libc::SIGTERM)) };
+}
+
 fn free_port() -> anyhow::Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").context("binding a port")?;
     Ok(l.local_addr()?.port())
@@ -124,7 +132,9 @@ fn free_port() -> anyhow::Result<u16> {
 
 fn spark_class(home: &Path, logs: &Path, args: &[String], what: &'static str) -> anyhow::Result<Proc> {
     let log = std::fs::File::create(logs.join(format!("{what}.log")))?;
-    let child = Command::new(home.join("bin/spark-class"))
+    let mut cmd = Command::new(home.join("bin/spark-class"));
+    die_with_us(&mut cmd);
+    let child = cmd
         .args(args)
         .env("SPARK_HOME", home)
         .env("SPARK_LOCAL_IP", "127.0.0.1")
@@ -240,6 +250,7 @@ struct Setup {
 fn run_once(s: &Setup, cfg: Config, workload: &str, bytes: u64, passes: u32) -> anyhow::Result<Run> {
     let opts = cfg.executor_java_options(&s.jar);
     let mut cmd = Command::new(s.home.join("bin/spark-submit"));
+    die_with_us(&mut cmd);
     cmd.env("SPARK_HOME", &s.home)
         .env("SPARK_LOCAL_IP", "127.0.0.1")
         .args(["--master", &s.url, "--deploy-mode", "client", "--driver-memory", "1g"])

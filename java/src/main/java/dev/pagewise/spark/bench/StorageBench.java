@@ -18,9 +18,9 @@ import org.apache.spark.storage.StorageLevel;
  * The workloads of {@code pagewise eval spark-hugepages} (the paper's evaluation):
  *
  * <ul>
- *   <li>{@code micro BYTES PASSES PARTS}: cache BYTES of 1 KiB records in Storage Memory
+ *   <li>{@code micro BYTES PASSES,PARTITIONS}: cache BYTES of 1 KiB records in Storage Memory
  *       (MEMORY_ONLY_SER), then read all of it PASSES times (the paper's microbenchmark);
- *   <li>{@code kmeans BYTES PASSES PARTS}: MLlib k-means (k = 8, PASSES iterations) over
+ *   <li>{@code kmeans BYTES ITERATIONS,PARTITIONS}: MLlib k-means (k = 8, PASSES iterations) over
  *       BYTES of cached 16-dimensional points (MEMORY_ONLY_SER).
  * </ul>
  *
