@@ -6,7 +6,7 @@ CARGO ?= cargo
 PAGEWISE := target/release/pagewise
 EVAL_FLAGS ?= --quick
 
-.PHONY: all build eval report test deps fmt lint clean install uninstall test-install ycsb
+.PHONY: all build eval report test deps fmt lint clean install uninstall test-install ycsb java java-test
 
 all: build
 
@@ -14,6 +14,8 @@ all: build
 APT_PACKAGES := build-essential pkg-config iproute2
 # hps-kvcache's peers (memcached) and memcslap
 APT_PACKAGES += memcached libmemcached-tools
+# the Java module (java/) and the YCSB binding (bench/ycsb)
+APT_PACKAGES += openjdk-17-jdk-headless maven
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -24,6 +26,7 @@ deps:
 
 build: deps
 	$(CARGO) build --release --workspace
+	$(MAKE) java
 
 eval: build
 	$(PAGEWISE) eval all $(EVAL_FLAGS)
@@ -46,6 +49,13 @@ test: build
 	PAGEWISE_SKIP_LOG=$(SKIP_LOG) dist/test-install.sh 2>&1 | tee target/test-install.log; install_status=$$?; \
 	if [ $$install_status -eq 0 ]; then r="ok. 1 passed; 0 failed"; else r="FAILED. 0 passed; 1 failed"; status=1; fi; \
 	echo "test result: $$r; 0 ignored; 0 measured; 0 filtered out (dist/test-install.sh)" >> target/test.log; \
+	(cd java && $(MVN) test) 2>&1 | tee target/test-java.log; java_status=$$?; \
+	[ $$java_status -eq 0 ] || status=1; \
+	awk -v st="$$java_status" '/^\[[A-Z]+\] Tests run: [0-9]+, Failures: [0-9]+, Errors: [0-9]+, Skipped: [0-9]+$$/ { gsub(/,/, ""); t = $$4; f = $$6 + $$8; k = $$10 } \
+		END { if (t == "" && st != 0) { t = 1; f = 1; k = 0 } \
+		      printf "test result: java. %d passed; %d failed; %d ignored; 0 measured; 0 filtered out (java/, Maven Surefire)\n", t - f - k, f, k }' \
+		target/test-java.log >> target/test.log; \
+	grep -h "^skipped: " target/test-java.log | sed 's/^skipped: /java::/' >> $(SKIP_LOG) || true; \
 	skipped=$$(wc -l < $(SKIP_LOG)); \
 	if [ "$$skipped" -gt 0 ]; then echo "skipped tests:"; sed 's/^/  /' $(SKIP_LOG); fi; \
 	awk -v s="$$skipped" -v status="$$status" '/^test result:/ { p += $$4; f += $$6 } \
@@ -75,6 +85,15 @@ test-install: build
 ycsb:
 	@command -v mvn >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven openjdk-17-jdk-headless; }
 	cd bench/ycsb && mvn -q -B package
+
+# The Java module (java/): JNI binding to hp_alloc, HugepageBuffers, the Spark agent and plugin.
+# Packs target/release/libpagewise.so into java/target/pagewise-spark-0.1.0.jar.
+MVN ?= mvn -B
+java:
+	cd java && $(MVN) -q package -DskipTests
+
+java-test:
+	cd java && $(MVN) test
 
 fmt:
 	$(CARGO) fmt --all

@@ -11,6 +11,7 @@
 #define PAGEWISE_VERSION_MINOR 1
 
 #include "pagewise/hps.h"
+#include "pagewise/hp_alloc.h"
 #include "pagewise/reclaim.h"
 #include "pagewise/dlm.h"
 

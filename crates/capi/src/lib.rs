@@ -9,4 +9,6 @@
 /// DLM: `dlm_*` (include/pagewise/dlm.h).
 pub use pagewise_dlm::capi as dlm;
 pub use pagewise_hugepage::capi as hps;
+/// hp_alloc: `hp_alloc`/`hp_free`/`hp_stats` (include/pagewise/hp_alloc.h) and its JNI functions.
+pub use pagewise_hugepage::hp_alloc_capi as hp_alloc;
 pub use pagewise_reclaim::capi as reclaim;

@@ -16,10 +16,15 @@
 //! - **Fairness** ([`fairness`]): hugepages come out of a host-wide budget shared max-min fairly
 //!   between the HPS processes of the host; a dead process's share is reclaimed.
 //! - **C API** ([`capi`], `include/pagewise/hps.h`): the seed's `hps_*` names.
+//!
+//! Also here, seed 001: [`hp_alloc`], the per-data hugepage arena (`hp_alloc`/`hp_free`/
+//! `hp_stats`, `include/pagewise/hp_alloc.h`, [`hp_alloc_capi`]) behind the Java module.
 
 pub mod capi;
 pub mod compact;
 pub mod fairness;
+pub mod hp_alloc;
+pub mod hp_alloc_capi;
 pub mod hps;
 pub mod policy;
 pub mod promote;

@@ -327,8 +327,34 @@ pub fn slurp(path: &str) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// The pids whose /proc/PID/cmdline contains `needle` (arguments joined by spaces), ascending.
+/// Processes that exit while the scan runs are skipped.
+pub fn pids_with_cmdline(needle: &str) -> Result<Vec<i32>> {
+    let dir = std::fs::read_dir("/proc").map_err(|source| Error::Read { path: "/proc".into(), source })?;
+    let mut out = Vec::new();
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        if let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+            let text: String = String::from_utf8_lossy(&raw).replace('\0', " ");
+            if text.contains(needle) {
+                out.push(pid);
+            }
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn finds_this_process_by_its_command_line() {
+        let me = std::env::args().next().unwrap();
+        assert!(pids_with_cmdline(&me).unwrap().contains(&(std::process::id() as i32)));
+        assert!(pids_with_cmdline("no-such-command-line-\u{1}").unwrap().is_empty());
+    }
+
     use super::*;
 
     const ZONEINFO_HERE: &str = include_str!("../fixtures/zoneinfo-6.18-firecracker.txt");

@@ -28,6 +28,18 @@ pub fn gettid() -> i32 {
     unsafe { libc::gettid() }
 }
 
+/// prctl(PR_SET_PDEATHSIG, sig): the calling process gets `sig` when the thread that forked it
+/// exits. Async-signal-safe (one syscall, no allocation), for `Command::pre_exec`: children such
+/// as an experiment's Spark daemons then die with an interrupted experiment. Returns the raw OS
+/// error, as `pre_exec` wants.
+pub fn set_parent_death_signal(sig: i32) -> std::io::Result<()> {
+    // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number and touches no memory.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, sig as libc::c_ulong) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The id of this process.
 pub fn getpid() -> i32 {
     std::process::id() as i32

@@ -11,6 +11,7 @@ pub mod hps_tracker_cost;
 pub mod reclaim_load;
 pub mod reclaim_percore;
 pub mod reclaim_split;
+pub mod spark_hugepages;
 pub mod thp_baseline;
 
 /// Every experiment, in the order `pagewise eval all` runs them.
@@ -25,5 +26,6 @@ pub fn all() -> Vec<&'static dyn Experiment> {
         &dlm_autotune::DlmAutotune,
         &reclaim_percore::ReclaimPercore,
         &reclaim_split::ReclaimSplit,
+        &spark_hugepages::SparkHugepages,
     ]
 }
