@@ -23,6 +23,7 @@ pub const FEATURES: &[Feature] = &[
     Feature { name: "pagewise eval dlm-fault", needs: &[Capability::Userfaultfd] },
     Feature { name: "pagewise eval dlm-pagesize", needs: &[Capability::Userfaultfd] },
     Feature { name: "pagewise eval dlm-autotune", needs: &[Capability::Userfaultfd] },
+    Feature { name: "pagewise eval spark-hugepages", needs: &[Capability::ThpEnabled, Capability::MadvCollapse] },
     Feature {
         name: "pagewise eval reclaim-percore",
         needs: &[

@@ -680,7 +680,7 @@ mod tests {
     #[test]
     fn written_regions_show_as_hugepages_in_smaps() {
         let Some(a) = thp_arena(64 << 20) else {
-            eprintln!("skipped: THP is not enabled (always/madvise) on this machine");
+            pagewise_kernel::testing::skip("THP is not enabled (always/madvise) on this machine");
             return;
         };
         let n = 32 << 20;
@@ -711,7 +711,7 @@ mod tests {
     #[test]
     fn regions_beyond_retain_are_given_back() {
         let Some(a) = thp_arena(0) else {
-            eprintln!("skipped: THP is not enabled (always/madvise) on this machine");
+            pagewise_kernel::testing::skip("THP is not enabled (always/madvise) on this machine");
             return;
         };
         let n = 8 << 20;
