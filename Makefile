@@ -49,7 +49,7 @@ test: build
 	PAGEWISE_SKIP_LOG=$(SKIP_LOG) dist/test-install.sh 2>&1 | tee target/test-install.log; install_status=$$?; \
 	if [ $$install_status -eq 0 ]; then r="ok. 1 passed; 0 failed"; else r="FAILED. 0 passed; 1 failed"; status=1; fi; \
 	echo "test result: $$r; 0 ignored; 0 measured; 0 filtered out (dist/test-install.sh)" >> target/test.log; \
-	(cd java && $(MVN) test) 2>&1 | tee target/test-java.log; java_status=$$?; \
+	(cd java && $(MVN) test) 2>&1 | sed -u 's/\x1b\[[0-9;]*m//g' | tee target/test-java.log; java_status=$$?; \
 	[ $$java_status -eq 0 ] || status=1; \
 	awk -v st="$$java_status" '/^\[[A-Z]+\] Tests run: [0-9]+, Failures: [0-9]+, Errors: [0-9]+, Skipped: [0-9]+$$/ { gsub(/,/, ""); t = $$4; f = $$6 + $$8; k = $$10 } \
 		END { if (t == "" && st != 0) { t = 1; f = 1; k = 0 } \
@@ -58,7 +58,7 @@ test: build
 	grep -h "^skipped: " target/test-java.log | sed 's/^skipped: /java::/' >> $(SKIP_LOG) || true; \
 	skipped=$$(wc -l < $(SKIP_LOG)); \
 	if [ "$$skipped" -gt 0 ]; then echo "skipped tests:"; sed 's/^/  /' $(SKIP_LOG); fi; \
-	awk -v s="$$skipped" -v status="$$status" '/^test result:/ { p += $$4; f += $$6 } \
+	echo; awk -v s="$$skipped" -v status="$$status" '/^test result:/ { p += $$4; f += $$6 } \
 		END { printf "%d passed, %d failed, %d skipped", p - s, f, s; \
 		      if (status != 0 && f == 0) printf " (cargo test exited with status %d: a test binary did not build or crashed, see above)", status; \
 		      printf "\n" }' target/test.log; \
@@ -88,7 +88,7 @@ ycsb:
 
 # The Java module (java/): JNI binding to hp_alloc, HugepageBuffers, the Spark agent and plugin.
 # Packs target/release/libpagewise.so into java/target/pagewise-spark-0.1.0.jar.
-MVN ?= mvn -B
+MVN ?= mvn -B -Dstyle.color=never
 java:
 	cd java && $(MVN) -q package -DskipTests
 
