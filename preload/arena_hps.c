@@ -9,6 +9,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+
+#define HUGE (2UL << 20)
 
 #include "arena.h"
 
@@ -38,7 +41,22 @@ static int hps_arena_init(void *lib) {
     return p_start(frac ? strtod(frac, NULL) : 0.0, interval ? (uint32_t)strtoul(interval, NULL, 10) : 0);
 }
 
-static void *hps_arena_alloc(size_t len) { return p_alloc(len); }
+/* The arena is a MAP_SHARED memfd: a child made by fork(2) would share it with its parent
+ * (its writes landing in the parent's "private" malloc memory), so it is not inherited
+ * (MADV_DONTFORK), as DLM's areas are not. */
+static void *hps_arena_alloc(size_t len) {
+    void *p = p_alloc(len);
+    if (!p)
+        return NULL;
+    size_t whole = (len + HUGE - 1) & ~(HUGE - 1);
+    if (madvise(p, whole, MADV_DONTFORK) != 0) {
+        int e = errno;
+        p_free(p);
+        errno = e;
+        return NULL;
+    }
+    return p;
+}
 
 static int hps_arena_free(void *p) { return p_free(p); }
 

@@ -259,3 +259,27 @@ fn memcached_answers_get_after_set_and_gets_hugepages() {
     assert!(err.contains("allocation(s) on hps memory"), "no slab page was routed:\n{err}");
     assert!(promoted(&err).unwrap_or(0) >= 1, "the shim reports no promotion:\n{err}");
 }
+
+#[test]
+fn fork_and_exec_leave_parent_and_child_correct() {
+    ensure_libpagewise();
+    let dir = std::env::temp_dir().join(format!("pagewise-hps-run-fork-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/run/forkexec.c");
+    let prog = dir.join("forkexec");
+    let st = Command::new("cc").args(["-O2", "-o"]).arg(&prog).arg(&src).status().expect("cc");
+    assert!(st.success(), "compiling {}", src.display());
+    let direct = Command::new(&prog).output().unwrap();
+    assert!(direct.status.success(), "forkexec on its own: {direct:?}");
+    let run = Command::new(pagewise()).args(["hps", "run", "--min-alloc", "1M", "--"]).arg(&prog).output().unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Some(line) = arena_unavailable(&err) {
+        pagewise_kernel::testing::skip(format!("HPS cannot start here: {line}"));
+        return;
+    }
+    assert!(run.status.success(), "forkexec under pagewise hps run: {:?}\n{err}", run.status);
+    assert!(!direct.stdout.is_empty());
+    assert_eq!(String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&direct.stdout), "{err}");
+    assert!(err.contains("allocation(s) on hps memory"), "nothing was routed:\n{err}");
+}
