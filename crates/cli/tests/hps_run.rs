@@ -283,3 +283,31 @@ fn fork_and_exec_leave_parent_and_child_correct() {
     assert_eq!(String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&direct.stdout), "{err}");
     assert!(err.contains("allocation(s) on hps memory"), "nothing was routed:\n{err}");
 }
+
+#[test]
+fn packed_blocks_freed_and_reallocated_keep_their_content() {
+    ensure_libpagewise();
+    let dir = std::env::temp_dir().join(format!("pagewise-hps-run-pieces-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/run/pieces.c");
+    let prog = dir.join("pieces");
+    let st = Command::new("cc").args(["-O2", "-o"]).arg(&prog).arg(&src).status().expect("cc");
+    assert!(st.success(), "compiling {}", src.display());
+    let direct = Command::new(&prog).output().unwrap();
+    assert!(direct.status.success(), "pieces on its own: {direct:?}");
+    let run = Command::new(pagewise()).args(["hps", "run", "--min-alloc", "1M", "--"]).arg(&prog).output().unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Some(line) = arena_unavailable(&err) {
+        pagewise_kernel::testing::skip(format!("HPS cannot start here: {line}"));
+        return;
+    }
+    assert!(run.status.success(), "pieces under pagewise hps run: {:?}\n{err}", run.status);
+    assert!(String::from_utf8_lossy(&direct.stdout).ends_with(" errors 0\n"));
+    assert_eq!(String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&direct.stdout), "{err}");
+    let routed: u64 = err
+        .lines()
+        .find_map(|l| l.strip_prefix("pagewise: ")?.split(" allocation(s) on hps memory").next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no routing report:\n{err}"));
+    assert!(routed >= 3 * 96, "the blocks were not routed:\n{err}");
+}
