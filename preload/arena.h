@@ -22,11 +22,15 @@ struct pw_arena {
     void *(*alloc_at)(void *addr, size_t len);
     /* Give back an area from alloc/alloc_at. 0 or a negative errno. */
     int (*free)(void *p);
+    /* Optional (NULL): one line on what the arena did, for the end-of-run report. 0 or a
+     * negative errno. */
+    int (*summary)(char *buf, size_t n);
     /* Stop the arena (at exit of the process that started it). */
     void (*shutdown)(void);
 };
 
 /* The arenas this shim knows. */
 extern const struct pw_arena pw_arena_dlm;
+extern const struct pw_arena pw_arena_hps;
 
 #endif

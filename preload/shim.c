@@ -412,13 +412,16 @@ __attribute__((constructor)) static void shim_init(void) {
         min_alloc = strtoull(min, NULL, 10);
     if (min_alloc < PAGE)
         min_alloc = PAGE;
-    if (!name || strcmp(name, "dlm") != 0) {
-        note("pagewise: PAGEWISE_PRELOAD_ARENA=%s is not an arena this shim knows (dlm); nothing is routed\n",
-             name ? name : "(unset)");
+    if (name && strcmp(name, "dlm") == 0)
+        arena = &pw_arena_dlm;
+    else if (name && strcmp(name, "hps") == 0)
+        arena = &pw_arena_hps;
+    else {
+        note("pagewise: PAGEWISE_PRELOAD_ARENA=%s is not an arena this shim knows (dlm, hps); nothing is "
+             "routed\n", name ? name : "(unset)");
         in_shim--;
         return;
     }
-    arena = &pw_arena_dlm;
     void *lib = libpath ? dlopen(libpath, RTLD_NOW | RTLD_LOCAL) : NULL;
     if (!lib) {
         note("pagewise: cannot load libpagewise (PAGEWISE_PRELOAD_LIB=%s): %s; nothing is routed\n",
@@ -450,6 +453,9 @@ __attribute__((destructor)) static void shim_fini(void) {
         note("pagewise: %lu allocation(s) on %s memory, %lu refused (left in libc)\n", atomic_load(&routed),
              arena->name, atomic_load(&fallbacks));
     in_shim++;
+    char line[256];
+    if (report && arena->summary && arena->summary(line, sizeof line) == 0)
+        note("pagewise: %s\n", line);
     arena->shutdown();
     in_shim--;
 }

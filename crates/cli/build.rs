@@ -7,7 +7,7 @@ use std::process::Command;
 fn main() {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap()).join("../../preload");
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("libpagewise_preload.so");
-    let sources = ["shim.c", "arena_dlm.c"];
+    let sources = ["shim.c", "arena_dlm.c", "arena_hps.c"];
     for f in sources.iter().chain(["arena.h"].iter()) {
         println!("cargo:rerun-if-changed={}", root.join(f).display());
     }

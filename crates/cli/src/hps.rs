@@ -5,6 +5,12 @@
 //! process (its tracker is a thread there), which publishes them every 500 ms to
 //! `/run/pagewise/hps/PID.acs` (HpsConfig::publish, on by default); this command joins that
 //! file with the live /proc/PID/maps.
+//!
+//! `run -- PROG ARGS…` runs an unmodified program with HPS underneath, promote-only: the
+//! LD_PRELOAD shim (`preload/`, its HPS arena) puts allocations of at least --min-alloc bytes
+//! into tracked memfd arenas, and 2 MiB regions found hot are collapsed into hugepages
+//! (MADV_COLLAPSE). The program's other memory stays in libc. At the end the shim prints how
+//! many allocations it routed and how many regions were promoted.
 
 use std::process::ExitCode;
 
@@ -14,7 +20,9 @@ use pagewise_track::report;
 
 /// HPS: hot pages get hugepages, cold pages don't.
 #[derive(clap::Args)]
-#[command(after_help = "Example:\n  pagewise hps report --pid 1234")]
+#[command(
+    after_help = "Examples:\n  pagewise hps report --pid 1234\n  pagewise hps run --min-alloc 1M -- memcached -m 1024 -p 11211"
+)]
 pub struct Args {
     #[command(subcommand)]
     command: Command,
@@ -31,10 +39,29 @@ enum Command {
         #[arg(long)]
         active_only: bool,
     },
+    /// Run an unmodified program with HPS (promote-only) on its large allocations.
+    Run {
+        /// Allocations of at least this many bytes go to HPS-tracked memory; smaller ones stay
+        /// in libc. Each routed allocation takes whole 2 MiB regions of address space.
+        #[arg(long, default_value = "1M")]
+        min_alloc: String,
+        /// Promote a 2 MiB region when at least this fraction of its observed pages is hot.
+        #[arg(long, default_value_t = 0.25)]
+        promote_fraction: f64,
+        /// Tracking period while there is work, in milliseconds.
+        #[arg(long, default_value_t = 20)]
+        interval_ms: u32,
+        /// The program and its arguments.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        program: Vec<String>,
+    },
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
+        Command::Run { min_alloc, promote_fraction, interval_ms, program } => {
+            run_program(&min_alloc, promote_fraction, interval_ms, &program)
+        }
         Command::Report { pid, active_only } => {
             anyhow::ensure!(pid > 0, "--pid must be a positive process id");
             anyhow::ensure!(pagewise_kernel::signal::process_alive(pid), "process {pid} does not exist");
@@ -56,4 +83,46 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `pagewise hps run`: the program under the shim with the HPS arena.
+fn run_program(
+    min_alloc: &str,
+    promote_fraction: f64,
+    interval_ms: u32,
+    program: &[String],
+) -> anyhow::Result<ExitCode> {
+    use std::os::unix::process::ExitStatusExt;
+    let min = pagewise_dlm::parse_size(min_alloc)?;
+    anyhow::ensure!(min >= 4096, "--min-alloc {min_alloc} is below one page (4K)");
+    anyhow::ensure!(
+        promote_fraction > 0.0 && promote_fraction <= 1.0,
+        "--promote-fraction {promote_fraction} must be in (0, 1]"
+    );
+    anyhow::ensure!(interval_ms > 0, "--interval-ms must be positive");
+    let lib = crate::run::libpagewise()?;
+    let shim = crate::run::ShimFile::create()?;
+    let preload = match std::env::var("LD_PRELOAD") {
+        Ok(v) if !v.is_empty() => format!("{}:{v}", shim.0.display()),
+        _ => shim.0.display().to_string(),
+    };
+    let status = std::process::Command::new(&program[0])
+        .args(&program[1..])
+        .env("LD_PRELOAD", preload)
+        .env("PAGEWISE_PRELOAD_ARENA", "hps")
+        .env("PAGEWISE_PRELOAD_LIB", &lib)
+        .env("PAGEWISE_PRELOAD_MIN_ALLOC", min.to_string())
+        .env("PAGEWISE_PRELOAD_REPORT", "1")
+        .env("PAGEWISE_HPS_PROMOTE_FRACTION", promote_fraction.to_string())
+        .env("PAGEWISE_HPS_INTERVAL_MS", interval_ms.to_string())
+        .status()
+        .with_context(|| format!("starting {}", program[0]))?;
+    Ok(match (status.code(), status.signal()) {
+        (Some(c), _) => ExitCode::from(c as u8),
+        (None, Some(sig)) => {
+            eprintln!("pagewise hps run: {} was killed by signal {sig}", program[0]);
+            ExitCode::from(128u8.wrapping_add(sig as u8))
+        }
+        _ => ExitCode::FAILURE,
+    })
 }

@@ -62,7 +62,7 @@ pub struct Args {
 }
 
 /// libpagewise.so next to this executable (cargo puts both in target/release).
-fn libpagewise() -> Result<PathBuf> {
+pub(crate) fn libpagewise() -> Result<PathBuf> {
     let exe = std::env::current_exe().context("locating the pagewise executable")?;
     let dir = exe.parent().context("the pagewise executable has no directory")?;
     for cand in [dir.join("libpagewise.so"), dir.join("../lib/libpagewise.so")] {
@@ -75,10 +75,10 @@ fn libpagewise() -> Result<PathBuf> {
 
 /// The embedded shim written to a file of this run (created exclusively, so no other user's
 /// file can stand in for it; removed when the run ends).
-struct ShimFile(PathBuf);
+pub(crate) struct ShimFile(pub(crate) PathBuf);
 
 impl ShimFile {
-    fn create() -> Result<Self> {
+    pub(crate) fn create() -> Result<Self> {
         let path = std::env::temp_dir().join(format!("pagewise-preload-{}.so", std::process::id()));
         let _ = std::fs::remove_file(&path);
         std::fs::OpenOptions::new()

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::hps::{ActivePage, Hps, HpsConfig, Notify};
-use crate::policy::{Decision, RegionRule};
+use crate::policy::{Decision, RegionRule, RegionView};
 
 /// `struct hps_config`.
 #[repr(C)]
@@ -102,6 +102,7 @@ fn to_config(c: &HpsConfigC) -> Result<HpsConfig, i32> {
         signal_offset: c.signal_offset,
         publish: c.publish != 0,
         host_hugepages: if c.host_hugepages == 0 { None } else { Some(c.host_hugepages) },
+        delivery: None,
     })
 }
 
@@ -176,6 +177,57 @@ pub unsafe extern "C" fn hps_enable_track(cfg: *const HpsConfigC) -> c_int {
             },
         }
     }) as c_int
+}
+
+/// Start HPS for `pagewise hps run` (the preload shim's HPS arena): promote-only (hot regions
+/// are collapsed; sparse ones are only observed, since an unmodified program cannot move its
+/// objects), faults heard by a handler thread (so system calls that write into tracked
+/// memory, such as read(2) into a malloc'd buffer, are served rather than failed with EFAULT),
+/// and the decision step run by the handler-mode service thread. `promote_fraction` 0 and
+/// `interval_ms` 0 take the defaults. Not in hps.h: the shim's entry point, not an API.
+#[no_mangle]
+pub extern "C" fn hps_preload_start(promote_fraction: f64, interval_ms: u32) -> c_int {
+    guarded(|| {
+        if !(0.0..=1.0).contains(&promote_fraction) {
+            return -(libc::EINVAL as i64);
+        }
+        let d = HpsConfig::default();
+        let rule = RegionRule {
+            promote_fraction: if promote_fraction == 0.0 { d.rule.promote_fraction } else { promote_fraction },
+            ..d.rule
+        };
+        let cfg = HpsConfig {
+            interval_ms: if interval_ms == 0 { d.interval_ms } else { interval_ms as u64 },
+            max_interval_ms: d.max_interval_ms.max(interval_ms as u64),
+            rule,
+            notify: Notify::Handler,
+            delivery: Some(pagewise_track::Delivery::HandlerThread),
+            ..d
+        };
+        let mut s = match slot().lock() {
+            Ok(s) => s,
+            Err(_) => return -(libc::EIO as i64),
+        };
+        if s.is_some() {
+            return -(libc::EBUSY as i64);
+        }
+        match Hps::start(cfg) {
+            Ok(h) => {
+                h.set_functions(Some(Box::new(move |_, v| Some(promote_only(v, &rule)))), None);
+                *s = Some(Arc::new(h));
+                0
+            }
+            Err(e) => -(e.errno() as i64),
+        }
+    }) as c_int
+}
+
+/// The region rule without compaction: promote a dense region, keep observing the rest.
+fn promote_only(v: &RegionView, rule: &RegionRule) -> Decision {
+    match crate::policy::decide(v, rule) {
+        Decision::Promote => Decision::Promote,
+        _ => Decision::Observe,
+    }
 }
 
 /// Stop tracking (`hps_disable_track`); arenas, counts and callbacks stay.
@@ -388,4 +440,21 @@ pub unsafe extern "C" fn hps_page_acs(buf: *mut c_char, n: usize) -> i64 {
         }
         text.len() as i64
     })
+}
+
+#[cfg(test)]
+mod preload_tests {
+    use super::*;
+
+    #[test]
+    fn promote_only_never_compacts() {
+        let rule = RegionRule::default();
+        let dense = RegionView { total: 512, observed: 64, active: 32 };
+        let sparse_full = RegionView { total: 512, observed: 512, active: 8 };
+        let sparse_part = RegionView { total: 512, observed: 256, active: 8 };
+        assert_eq!(promote_only(&dense, &rule), Decision::Promote);
+        assert_eq!(crate::policy::decide(&sparse_full, &rule), Decision::Compact);
+        assert_eq!(promote_only(&sparse_full, &rule), Decision::Observe);
+        assert_eq!(promote_only(&sparse_part, &rule), Decision::Observe);
+    }
 }

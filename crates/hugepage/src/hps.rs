@@ -12,7 +12,7 @@ use pagewise_kernel::fd;
 use pagewise_kernel::mem::HUGE_PMD;
 use pagewise_kernel::signal;
 use pagewise_track::plan::PlanConfig;
-use pagewise_track::{report, MinorTracker, RegionMode, TrackedArena, TrackerStats, PAGE, PAGES_PER_REGION};
+use pagewise_track::{report, Delivery, MinorTracker, RegionMode, TrackedArena, TrackerStats, PAGE, PAGES_PER_REGION};
 
 use crate::compact::HugeArena;
 use crate::fairness::{self, Budget};
@@ -52,6 +52,10 @@ pub struct HpsConfig {
     pub publish: bool,
     /// Take part in the host-wide hugepage budget of this many hugepages (None: no limit).
     pub host_hugepages: Option<u64>,
+    /// How minor faults reach the tracker (None: SIGBUS, or the handler thread when SIGBUS
+    /// delivery is unavailable). The handler thread also serves faults the kernel takes on the
+    /// program's behalf (read(2) into tracked memory), which SIGBUS delivery fails with EFAULT.
+    pub delivery: Option<Delivery>,
 }
 
 impl Default for HpsConfig {
@@ -67,6 +71,7 @@ impl Default for HpsConfig {
             signal_offset: 2,
             publish: true,
             host_hugepages: None,
+            delivery: None,
         }
     }
 }
@@ -175,9 +180,13 @@ impl Hps {
             None => None,
         };
         let notify = cfg.notify;
+        let tracker = match cfg.delivery {
+            Some(d) => MinorTracker::with_delivery(d)?,
+            None => MinorTracker::new()?,
+        };
         let shared = Arc::new(Shared {
             cfg: Mutex::new(cfg),
-            tracker: MinorTracker::new()?,
+            tracker,
             arenas: Mutex::new(Vec::new()),
             huge: Mutex::new(HugeArena::new()),
             callbacks: Mutex::new(Callbacks::default()),

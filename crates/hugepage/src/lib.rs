@@ -82,6 +82,10 @@ pub const FEATURES: &[Feature] = &[
     Feature { name: "hps_* C API: promotion", needs: &[Capability::MadvCollapseShmem, Capability::ThpShmemEnabled] },
     Feature { name: "hps_huge_alloc", needs: &[Capability::HugetlbSizesKb, Capability::MadvCollapseShmem] },
     Feature {
+        name: "pagewise hps run (unmodified programs, promote-only)",
+        needs: &[Capability::Userfaultfd, Capability::MadvCollapseShmem],
+    },
+    Feature {
         name: "hp_alloc (per-data hugepages, the Spark agent)",
         needs: &[Capability::ThpEnabled, Capability::HugetlbSizesKb, Capability::MadvCollapse],
     },

@@ -34,6 +34,8 @@ enum Config {
     Hps,
     Memcached,
     MemcachedL,
+    /// memcached under `pagewise hps run` (promote-only HPS through the LD_PRELOAD shim).
+    MemcachedHps,
 }
 
 impl Config {
@@ -44,6 +46,7 @@ impl Config {
             Config::Hps => "kvcache HPS",
             Config::Memcached => "memcached",
             Config::MemcachedL => "memcached -L",
+            Config::MemcachedHps => "memcached, pagewise hps run",
         }
     }
     fn is_kvcache(self) -> bool {
@@ -55,10 +58,20 @@ struct Running {
     child: Child,
     addr: String,
     config: Config,
+    /// The server process: the child, or memcached under the `pagewise hps run` child.
+    server_pid: i32,
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
+        if self.server_pid != self.child.id() as i32 {
+            // `pagewise hps run` reaps memcached and exits; killed below if it does not.
+            let _ = pagewise_kernel::net::kill(self.server_pid, libc::SIGKILL);
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(5) && matches!(self.child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -109,7 +122,13 @@ fn start(config: Config, extra: &[&str]) -> anyhow::Result<Running> {
         c
     } else {
         let bin = find_in_path("memcached").ok_or_else(|| anyhow::anyhow!("memcached not installed"))?;
-        let mut c = Command::new(bin);
+        let mut c = if config == Config::MemcachedHps {
+            let mut c = Command::new(sibling_binary("pagewise")?);
+            c.args(["hps", "run", "--min-alloc", "1M", "--"]).arg(bin);
+            c
+        } else {
+            Command::new(bin)
+        };
         c.args(["-m", &m, "-p", &p, "-l", "127.0.0.1", "-U", "0", "-t", "2", "-u", "root"]);
         if config == Config::MemcachedL {
             c.arg("-L");
@@ -118,8 +137,18 @@ fn start(config: Config, extra: &[&str]) -> anyhow::Result<Running> {
     };
     cmd.args(extra).stdout(Stdio::null()).stderr(Stdio::null());
     let child = cmd.spawn().map_err(|e| anyhow::anyhow!("starting {}: {e}", config.name()))?;
-    let r = Running { child, addr, config };
+    let server_pid = child.id() as i32;
+    let mut r = Running { child, addr, config, server_pid };
     wait_ready(&r.addr)?;
+    if config == Config::MemcachedHps {
+        let id = r.child.id();
+        let children = pagewise_kernel::error::read_file(format!("/proc/{id}/task/{id}/children"))?;
+        r.server_pid = children
+            .split_whitespace()
+            .next()
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("pagewise hps run (pid {id}) has no memcached child"))?;
+    }
     Ok(r)
 }
 
@@ -136,7 +165,7 @@ fn memory(r: &Running) -> anyhow::Result<u64> {
     if r.config.is_kvcache() {
         return stat(&r.addr, "memory_bytes");
     }
-    let st = pagewise_kernel::procfs::read_status(pagewise_kernel::procfs::Pid::Id(r.child.id() as i32))?;
+    let st = pagewise_kernel::procfs::read_status(pagewise_kernel::procfs::Pid::Id(r.server_pid))?;
     Ok(st.vmrss.unwrap_or(0) * 1024)
 }
 
@@ -160,7 +189,7 @@ impl Experiment for HpsKvcache {
         let have_memcached = find_in_path("memcached").is_some();
         let mut configs = vec![Config::Default, Config::Thp, Config::Hps];
         if have_memcached {
-            configs.extend([Config::Memcached, Config::MemcachedL]);
+            configs.extend([Config::Memcached, Config::MemcachedL, Config::MemcachedHps]);
         }
         ctx.start_progress((configs.len() * (reps + 2)) as u64 + 3, "loading");
         let t0 = Instant::now();
@@ -306,8 +335,19 @@ impl Experiment for HpsKvcache {
             if rss_inc_ratio.is_nan() { serde_json::Value::Null } else { json!(rss_inc_ratio) },
         );
         report.figure("hot_arena_vs_hot_set_after_drift", drift.ratio);
-        report.figure("memcached_hps_vs_largepages", serde_json::Value::Null);
-        report.figure("memcached_hps_rss_increase_vs_largepages", serde_json::Value::Null);
+        report.figure(
+            "memcached_hps_vs_largepages",
+            paired(Config::MemcachedHps, Config::MemcachedL).map_or(serde_json::Value::Null, |v| json!(v)),
+        );
+        // RSS increase over memcached default: under `pagewise hps run` against `-L`.
+        let mc_inc = |c: Config| Some(med_mem(c)? - med_mem(Config::Memcached)?);
+        report.figure(
+            "memcached_hps_rss_increase_vs_largepages",
+            match (mc_inc(Config::MemcachedHps), mc_inc(Config::MemcachedL)) {
+                (Some(h), Some(l)) if l > 0.0 => json!(h.max(0.0) / l),
+                _ => serde_json::Value::Null,
+            },
+        );
         report.figure(
             "memcached_largepages_vs_default",
             paired(Config::MemcachedL, Config::Memcached).map_or(serde_json::Value::Null, |v| json!(v)),
@@ -375,9 +415,6 @@ impl Experiment for HpsKvcache {
         if !have_memcached {
             report.note("memcached is not installed (`make deps` installs it): the peer rows and kvcache_vs_memcached are missing.");
         }
-        report.note(
-            "memcached_hps_* need `pagewise hps run` (issue 10 section 3, the LD_PRELOAD shim), which is not built yet: reported as null.",
-        );
         report.note(format!(
             "Throughput ratios are medians of per-run paired ratios; memory is the median over runs of the value after each run \
              (kvcache: its `memory_bytes` stat, memcached: VmRSS). HPS was warmed until its tracking stopped ({hps_warm_runs} extra \

@@ -1,0 +1,313 @@
+//! `pagewise hps run` on unmodified programs (real processes): a C program working on the hot
+//! part of a large malloc'd array prints the same checksum with and without HPS underneath,
+//! and real memcached under `pagewise hps run` answers `get` after `set` correctly. Both check
+//! that promotion really happened, by the kernel's own account (ShmemPmdMapped of the
+//! program's /proc/PID/smaps_rollup: a 2 MiB region of the tracked memfd mapped by one PMD)
+//! and by the shim's end-of-run report; the programs wait (bounded) for it instead of racing.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+fn pagewise() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_pagewise"))
+}
+
+/// libpagewise.so must sit next to the binary (a lone `cargo test -p pagewise-cli` may not
+/// have built it).
+fn ensure_libpagewise() {
+    static BUILD: Once = Once::new();
+    BUILD.call_once(|| {
+        let lib = pagewise().parent().unwrap().join("libpagewise.so");
+        if !lib.exists() {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let st = Command::new(cargo).args(["build", "--release", "-p", "pagewise-capi"]).status().unwrap();
+            assert!(st.success(), "building libpagewise.so failed");
+        }
+    });
+}
+
+fn arena_unavailable(stderr: &str) -> Option<&str> {
+    stderr.lines().find(|l| l.contains("starting the hps arena failed"))
+}
+
+/// The shim's "N region(s) promoted" from its end-of-run report.
+fn promoted(stderr: &str) -> Option<u64> {
+    stderr.lines().find_map(|l| l.strip_prefix("pagewise: hps: ")?.split(" region(s) promoted").next()?.parse().ok())
+}
+
+fn shmem_pmd_kb(pid: u32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("ShmemPmdMapped:")?.trim().strip_suffix("kB")?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn hot_array_gives_the_same_checksum_and_gets_hugepages() {
+    ensure_libpagewise();
+    let dir = std::env::temp_dir().join(format!("pagewise-hps-run-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/run/hot_array.c");
+    let prog = dir.join("hot_array");
+    let st = Command::new("cc").args(["-O2", "-o"]).arg(&prog).arg(&src).status().expect("cc");
+    assert!(st.success(), "compiling {}", src.display());
+    let direct = Command::new(&prog).arg("0").output().unwrap();
+    assert!(direct.status.success(), "hot_array on its own: {direct:?}");
+    let run = Command::new(pagewise())
+        .args(["hps", "run", "--min-alloc", "1M", "--"])
+        .arg(&prog)
+        .arg("60")
+        .output()
+        .expect("pagewise hps run");
+    let err = String::from_utf8_lossy(&run.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Some(line) = arena_unavailable(&err) {
+        pagewise_kernel::testing::skip(format!("HPS cannot start here: {line}"));
+        return;
+    }
+    assert!(run.status.success(), "hot_array under pagewise hps run: {:?}\n{err}", run.status);
+    assert!(direct.stdout.starts_with(b"checksum "));
+    assert_eq!(String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&direct.stdout), "{err}");
+    assert!(err.contains("pagewise: 1 allocation(s) on hps memory"), "the array was not routed:\n{err}");
+    let pmd = err
+        .lines()
+        .find_map(|l| l.strip_prefix("hot_array: ShmemPmdMapped ")?.strip_suffix(" kB")?.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no ShmemPmdMapped line:\n{err}"));
+    assert!(pmd >= 2048, "no region of the array was promoted within 60 s:\n{err}");
+    assert!(promoted(&err).unwrap_or(0) >= 1, "the shim reports no promotion:\n{err}");
+}
+
+#[test]
+fn bad_flags_are_refused() {
+    for flags in [&["--min-alloc", "1K"][..], &["--promote-fraction", "1.5"], &["--min-alloc", "lots"]] {
+        let out = Command::new(pagewise()).args(["hps", "run"]).args(flags).args(["--", "true"]).output().unwrap();
+        assert!(!out.status.success(), "{flags:?} accepted");
+        assert!(!out.stderr.is_empty());
+    }
+}
+
+/// memcached under `pagewise hps run`, killed (SIGKILL) on drop whatever happens.
+struct Server {
+    wrapper: Child,
+    memcached: Option<u32>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(pid) = self.memcached {
+            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            // pagewise hps run reaps it and exits.
+            let until = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < until && matches!(self.wrapper.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let _ = self.wrapper.kill();
+        let _ = self.wrapper.wait();
+    }
+}
+
+fn child_of(pid: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?.split_whitespace().next()?.parse().ok()
+}
+
+fn connect(port: u16, deadline: Instant) -> TcpStream {
+    loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => {
+                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+                return s;
+            }
+            Err(e) if Instant::now() > deadline => panic!("memcached did not listen on port {port}: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+fn value_of(i: usize) -> Vec<u8> {
+    (0..1000).map(|j| b'a' + ((i * 7 + j) % 26) as u8).collect()
+}
+
+/// `get` of keys `lo..hi`, pipelined; checks every value.
+fn get_all(r: &mut BufReader<TcpStream>, lo: usize, hi: usize) {
+    let mut req = String::new();
+    for i in lo..hi {
+        req.push_str(&format!("get k{i}\r\n"));
+    }
+    r.get_mut().write_all(req.as_bytes()).unwrap();
+    for i in lo..hi {
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        assert_eq!(line, format!("VALUE k{i} 0 1000\r\n"));
+        let mut buf = vec![0u8; 1002];
+        r.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf[..1000], &value_of(i)[..], "value of k{i}");
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        assert_eq!(line, "END\r\n");
+    }
+}
+
+#[test]
+fn memcached_answers_get_after_set_and_gets_hugepages() {
+    if Command::new("memcached").arg("-V").output().is_err() {
+        pagewise_kernel::testing::skip("memcached is not installed (make deps)");
+        return;
+    }
+    ensure_libpagewise();
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let wrapper = Command::new(pagewise())
+        .args([
+            "hps",
+            "run",
+            "--min-alloc",
+            "1M",
+            "--",
+            "memcached",
+            "-U",
+            "0",
+            "-l",
+            "127.0.0.1",
+            "-t",
+            "2",
+            "-m",
+            "64",
+        ])
+        // memcached refuses to run as root without -u (ignored when not root).
+        .args(["-u", "root"])
+        .args(["-p", &port.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("pagewise hps run memcached");
+    let mut server = Server { wrapper, memcached: None };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let stream = loop {
+        if let Some(st) = server.wrapper.try_wait().unwrap() {
+            let mut err = String::new();
+            server.wrapper.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            panic!("memcached under pagewise hps run ended before listening ({st}):\n{err}");
+        }
+        if let Ok(s) = TcpStream::connect(("127.0.0.1", port)) {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        if Instant::now() > deadline {
+            break connect(port, deadline);
+        }
+    };
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mc = child_of(server.wrapper.id()).expect("memcached is not a child of pagewise hps run");
+    server.memcached = Some(mc);
+    let mut r = BufReader::new(stream);
+
+    r.get_mut().write_all(b"set greeting 5 0 5\r\nhello\r\n").unwrap();
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    assert_eq!(line, "STORED\r\n");
+    r.get_mut().write_all(b"get greeting\r\n").unwrap();
+    let mut reply = [0u8; 32];
+    r.read_exact(&mut reply).unwrap();
+    assert_eq!(&reply[..], b"VALUE greeting 5 5\r\nhello\r\nEND\r\n");
+
+    // 3000 items of 1000 bytes: about 3 MiB of slab pages (1 MiB mallocs, in tracked memory).
+    const N: usize = 3000;
+    let mut req = Vec::new();
+    for i in 0..N {
+        req.extend_from_slice(format!("set k{i} 0 0 1000 noreply\r\n").as_bytes());
+        req.extend_from_slice(&value_of(i));
+        req.extend_from_slice(b"\r\n");
+    }
+    r.get_mut().write_all(&req).unwrap();
+    // Read them all until a slab region is PMD-mapped (bounded: 60 s).
+    let until = Instant::now() + Duration::from_secs(60);
+    let mut pmd = 0;
+    while pmd == 0 && Instant::now() < until {
+        get_all(&mut r, 0, N);
+        pmd = shmem_pmd_kb(mc);
+    }
+    // Still correct after promotion.
+    get_all(&mut r, 0, N);
+    r.get_mut().write_all(b"get greeting\r\n").unwrap();
+    r.read_exact(&mut reply).unwrap();
+    assert_eq!(&reply[..], b"VALUE greeting 5 5\r\nhello\r\nEND\r\n");
+
+    // A graceful stop, so the shim prints its report.
+    let _ = Command::new("kill").args(["-TERM", &mc.to_string()]).status();
+    let stop = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < stop && server.wrapper.try_wait().unwrap().is_none() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let st = server.wrapper.try_wait().unwrap();
+    assert!(st.is_some(), "memcached did not stop within 10 s of SIGTERM");
+    server.memcached = None;
+    let mut err = String::new();
+    server.wrapper.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    eprintln!("{err}");
+    if let Some(line) = arena_unavailable(&err) {
+        pagewise_kernel::testing::skip(format!("HPS cannot start here: {line}"));
+        return;
+    }
+    assert!(pmd >= 2048, "no slab region of memcached was promoted within 60 s\n{err}");
+    assert!(err.contains("allocation(s) on hps memory"), "no slab page was routed:\n{err}");
+    assert!(promoted(&err).unwrap_or(0) >= 1, "the shim reports no promotion:\n{err}");
+}
+
+#[test]
+fn fork_and_exec_leave_parent_and_child_correct() {
+    ensure_libpagewise();
+    let dir = std::env::temp_dir().join(format!("pagewise-hps-run-fork-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/run/forkexec.c");
+    let prog = dir.join("forkexec");
+    let st = Command::new("cc").args(["-O2", "-o"]).arg(&prog).arg(&src).status().expect("cc");
+    assert!(st.success(), "compiling {}", src.display());
+    let direct = Command::new(&prog).output().unwrap();
+    assert!(direct.status.success(), "forkexec on its own: {direct:?}");
+    let run = Command::new(pagewise()).args(["hps", "run", "--min-alloc", "1M", "--"]).arg(&prog).output().unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Some(line) = arena_unavailable(&err) {
+        pagewise_kernel::testing::skip(format!("HPS cannot start here: {line}"));
+        return;
+    }
+    assert!(run.status.success(), "forkexec under pagewise hps run: {:?}\n{err}", run.status);
+    assert!(!direct.stdout.is_empty());
+    assert_eq!(String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&direct.stdout), "{err}");
+    assert!(err.contains("allocation(s) on hps memory"), "nothing was routed:\n{err}");
+}
+
+#[test]
+fn packed_blocks_freed_and_reallocated_keep_their_content() {
+    ensure_libpagewise();
+    let dir = std::env::temp_dir().join(format!("pagewise-hps-run-pieces-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/run/pieces.c");
+    let prog = dir.join("pieces");
+    let st = Command::new("cc").args(["-O2", "-o"]).arg(&prog).arg(&src).status().expect("cc");
+    assert!(st.success(), "compiling {}", src.display());
+    let direct = Command::new(&prog).output().unwrap();
+    assert!(direct.status.success(), "pieces on its own: {direct:?}");
+    let run = Command::new(pagewise()).args(["hps", "run", "--min-alloc", "1M", "--"]).arg(&prog).output().unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Some(line) = arena_unavailable(&err) {
+        pagewise_kernel::testing::skip(format!("HPS cannot start here: {line}"));
+        return;
+    }
+    assert!(run.status.success(), "pieces under pagewise hps run: {:?}\n{err}", run.status);
+    assert!(String::from_utf8_lossy(&direct.stdout).ends_with(" errors 0\n"));
+    assert_eq!(String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&direct.stdout), "{err}");
+    let routed: u64 = err
+        .lines()
+        .find_map(|l| l.strip_prefix("pagewise: ")?.split(" allocation(s) on hps memory").next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no routing report:\n{err}"));
+    assert!(routed >= 3 * 96, "the blocks were not routed:\n{err}");
+}
