@@ -22,7 +22,7 @@ prefix=$work/prefix
 step "make install PREFIX=$prefix"
 minst install PREFIX="$prefix"
 [ -x "$prefix/bin/pagewise" ] || fail "no $prefix/bin/pagewise"
-"$prefix/bin/pagewise" --version | grep -q '^pagewise ' || fail "installed pagewise --version"
+grep -q '^pagewise ' <<<"$("$prefix/bin/pagewise" --version)" || fail "installed pagewise --version"
 
 export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
 flags=$(pkg-config --cflags --libs pagewise) || fail "pkg-config --cflags --libs pagewise"
@@ -49,14 +49,17 @@ cc -O2 -Wall -Werror "$work/t.c" $flags -o "$work/t" || fail "cc t.c \$(pkg-conf
 out=$(LD_LIBRARY_PATH=$prefix/lib "$work/t") || fail "running t (exit $?)"
 # pw_reclaim_watermarks (reclaim.h): min = 12288 / 4, low = min * 240 / 100, high = min * 400 / 100.
 [ "$out" = "3072 7372 12288" ] || fail "t printed '$out', expected '3072 7372 12288'"
-LD_LIBRARY_PATH=$prefix/lib ldd "$work/t" | grep -q "$prefix/lib/libpagewise.so" || fail "t is not linked to the installed libpagewise.so"
+# (grep -q reads from a here-string, not a pipe: under pipefail, grep -q quitting at its first
+# match could kill the writer with SIGPIPE and fail the pipeline.)
+grep -q "$prefix/lib/libpagewise.so" <<<"$(LD_LIBRARY_PATH=$prefix/lib ldd "$work/t")" \
+    || fail "t is not linked to the installed libpagewise.so"
 
 step "the README's C examples built with pkg-config, the HPS one run"
 # shellcheck disable=SC2086
 cc -O2 "$src/examples/c/hps_example.c" $flags -o "$work/hps_example" || fail "cc hps_example.c"
 if out=$(LD_LIBRARY_PATH=$prefix/lib "$work/hps_example" 2>&1); then
     grep -q "^promoted [0-9]* regions" <<<"$out" || fail "hps_example printed: $out"
-elif "$prefix/bin/pagewise" doctor --json | grep -A1 '"userfaultfd"' | grep -q '"present"'; then
+elif grep -q '"present"' <<<"$(grep -A1 '"userfaultfd"' <<<"$("$prefix/bin/pagewise" doctor --json)")"; then
     fail "hps_example failed although userfaultfd is present: $out"
 else
     # Counted as a skip by `make test` (see crates/kernel/src/testing.rs).
@@ -78,7 +81,7 @@ step "man pages, completions, unit, example config"
 for page in pagewise.1 pagewise-doctor.1 pagewise-reclaimd.1 pagewise-reclaim-set.1; do
     [ -s "$prefix/share/man/man1/$page" ] || fail "no man page $page"
 done
-MANWIDTH=80 man -l "$prefix/share/man/man1/pagewise-reclaimd.1" 2>/dev/null | grep -q -- "--config" \
+grep -q -- "--config" <<<"$(MANWIDTH=80 man -l "$prefix/share/man/man1/pagewise-reclaimd.1" 2>/dev/null)" \
     || fail "man pagewise-reclaimd does not render or lacks --config"
 bash -c "source '$prefix/share/bash-completion/completions/pagewise' && complete -p pagewise" >/dev/null \
     || fail "bash completion does not load"
@@ -89,7 +92,7 @@ grep -qx "ExecStart=$prefix/bin/pagewise reclaimd --config /etc/pagewise/reclaim
 if command -v systemd-analyze >/dev/null; then
     # Verify against the installed binary: ExecStart's path must exist, the unit must parse.
     systemd-analyze verify --man=no "$unit" 2>"$work/verify.log" || true
-    if grep -v "ConditionPathExists\|Failed to .*bus\|No such file or directory.*reclaimd.toml\|^$" "$work/verify.log" | grep -q .; then
+    if grep -q . <<<"$(grep -v "ConditionPathExists\|Failed to .*bus\|No such file or directory.*reclaimd.toml\|^$" "$work/verify.log")"; then
         cat "$work/verify.log" >&2
         fail "systemd-analyze verify $unit"
     fi
