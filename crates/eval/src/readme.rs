@@ -24,7 +24,7 @@ pub fn render_result(result: &Value) -> String {
     let commit = result["machine"]["commit"].as_str().unwrap_or("unknown commit");
     let kernel = result["machine"]["kernel"].as_str().unwrap_or("?");
     out.push_str(&format!(
-        "`pagewise eval {name} --{mode}`, finished {when} on commit {commit}, Linux {kernel}, {:.0} s.\n\n",
+        "`pagewise eval {name} --{mode}`, finished {when} with commit {commit} checked out, Linux {kernel}, {:.0} s.\n\n",
         result["duration_s"].as_f64().unwrap_or(0.0)
     ));
     if let Some(summary) = result["summary"].as_object().filter(|s| !s.is_empty()) {
@@ -147,7 +147,10 @@ mod tests {
             "tables": [{"title": "T", "table": {"headers": ["a", "b|c"], "rows": [["1", "2"]]}}],
         });
         let md = render_result(&r);
-        assert!(md.contains("`pagewise eval demo --quick`, finished 2026-11-22 22:20 UTC on commit abc1234"), "{md}");
+        assert!(
+            md.contains("`pagewise eval demo --quick`, finished 2026-11-22 22:20 UTC with commit abc1234 checked out"),
+            "{md}"
+        );
         assert!(
             md.contains("| `ratio` | 0.988 |") && md.contains("| `events` | 0 |") && md.contains("| `big` | 1234 |"),
             "{md}"
