@@ -5,29 +5,38 @@
 //! program's /proc/PID/smaps_rollup: a 2 MiB region of the tracked memfd mapped by one PMD)
 //! and by the shim's end-of-run report; the programs wait (bounded) for it instead of racing.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::Once;
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn pagewise() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_pagewise"))
-}
+use common::{compile, ensure_libpagewise, pagewise, tempdir};
 
-/// libpagewise.so must sit next to the binary (a lone `cargo test -p pagewise-cli` may not
-/// have built it).
-fn ensure_libpagewise() {
-    static BUILD: Once = Once::new();
-    BUILD.call_once(|| {
-        let lib = pagewise().parent().unwrap().join("libpagewise.so");
-        if !lib.exists() {
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let st = Command::new(cargo).args(["build", "--release", "-p", "pagewise-capi"]).status().unwrap();
-            assert!(st.success(), "building libpagewise.so failed");
-        }
-    });
+/// Compile tests/run/NAME.c, run it with `direct_args`, then under `pagewise hps run
+/// --min-alloc 1M` with `hps_args`: (direct output, output under HPS, its stderr), or None when
+/// HPS cannot start on this machine (the skip is recorded).
+fn direct_and_under_hps(name: &str, direct_args: &[&str], hps_args: &[&str]) -> Option<(Output, Output, String)> {
+    ensure_libpagewise();
+    let dir = tempdir(&format!("hps-{name}"));
+    let prog = compile(name, &dir);
+    let direct = Command::new(&prog).args(direct_args).output().unwrap();
+    assert!(direct.status.success(), "{name} on its own: {direct:?}");
+    let run = Command::new(pagewise())
+        .args(["hps", "run", "--min-alloc", "1M", "--"])
+        .arg(&prog)
+        .args(hps_args)
+        .output()
+        .expect("pagewise hps run");
+    let err = String::from_utf8_lossy(&run.stderr).into_owned();
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Some(line) = arena_unavailable(&err) {
+        pagewise_kernel::testing::skip(format!("HPS cannot start here: {line}"));
+        return None;
+    }
+    assert!(run.status.success(), "{name} under pagewise hps run: {:?}\n{err}", run.status);
+    Some((direct, run, err))
 }
 
 fn arena_unavailable(stderr: &str) -> Option<&str> {
@@ -48,28 +57,7 @@ fn shmem_pmd_kb(pid: u32) -> u64 {
 
 #[test]
 fn hot_array_gives_the_same_checksum_and_gets_hugepages() {
-    ensure_libpagewise();
-    let dir = std::env::temp_dir().join(format!("pagewise-hps-run-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/run/hot_array.c");
-    let prog = dir.join("hot_array");
-    let st = Command::new("cc").args(["-O2", "-o"]).arg(&prog).arg(&src).status().expect("cc");
-    assert!(st.success(), "compiling {}", src.display());
-    let direct = Command::new(&prog).arg("0").output().unwrap();
-    assert!(direct.status.success(), "hot_array on its own: {direct:?}");
-    let run = Command::new(pagewise())
-        .args(["hps", "run", "--min-alloc", "1M", "--"])
-        .arg(&prog)
-        .arg("60")
-        .output()
-        .expect("pagewise hps run");
-    let err = String::from_utf8_lossy(&run.stderr);
-    let _ = std::fs::remove_dir_all(&dir);
-    if let Some(line) = arena_unavailable(&err) {
-        pagewise_kernel::testing::skip(format!("HPS cannot start here: {line}"));
-        return;
-    }
-    assert!(run.status.success(), "hot_array under pagewise hps run: {:?}\n{err}", run.status);
+    let Some((direct, run, err)) = direct_and_under_hps("hot_array", &["0"], &["60"]) else { return };
     assert!(direct.stdout.starts_with(b"checksum "));
     assert_eq!(String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&direct.stdout), "{err}");
     assert!(err.contains("pagewise: 1 allocation(s) on hps memory"), "the array was not routed:\n{err}");
@@ -262,23 +250,7 @@ fn memcached_answers_get_after_set_and_gets_hugepages() {
 
 #[test]
 fn fork_and_exec_leave_parent_and_child_correct() {
-    ensure_libpagewise();
-    let dir = std::env::temp_dir().join(format!("pagewise-hps-run-fork-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/run/forkexec.c");
-    let prog = dir.join("forkexec");
-    let st = Command::new("cc").args(["-O2", "-o"]).arg(&prog).arg(&src).status().expect("cc");
-    assert!(st.success(), "compiling {}", src.display());
-    let direct = Command::new(&prog).output().unwrap();
-    assert!(direct.status.success(), "forkexec on its own: {direct:?}");
-    let run = Command::new(pagewise()).args(["hps", "run", "--min-alloc", "1M", "--"]).arg(&prog).output().unwrap();
-    let err = String::from_utf8_lossy(&run.stderr);
-    let _ = std::fs::remove_dir_all(&dir);
-    if let Some(line) = arena_unavailable(&err) {
-        pagewise_kernel::testing::skip(format!("HPS cannot start here: {line}"));
-        return;
-    }
-    assert!(run.status.success(), "forkexec under pagewise hps run: {:?}\n{err}", run.status);
+    let Some((direct, run, err)) = direct_and_under_hps("forkexec", &[], &[]) else { return };
     assert!(!direct.stdout.is_empty());
     assert_eq!(String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&direct.stdout), "{err}");
     assert!(err.contains("allocation(s) on hps memory"), "nothing was routed:\n{err}");
@@ -286,23 +258,7 @@ fn fork_and_exec_leave_parent_and_child_correct() {
 
 #[test]
 fn packed_blocks_freed_and_reallocated_keep_their_content() {
-    ensure_libpagewise();
-    let dir = std::env::temp_dir().join(format!("pagewise-hps-run-pieces-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/run/pieces.c");
-    let prog = dir.join("pieces");
-    let st = Command::new("cc").args(["-O2", "-o"]).arg(&prog).arg(&src).status().expect("cc");
-    assert!(st.success(), "compiling {}", src.display());
-    let direct = Command::new(&prog).output().unwrap();
-    assert!(direct.status.success(), "pieces on its own: {direct:?}");
-    let run = Command::new(pagewise()).args(["hps", "run", "--min-alloc", "1M", "--"]).arg(&prog).output().unwrap();
-    let err = String::from_utf8_lossy(&run.stderr);
-    let _ = std::fs::remove_dir_all(&dir);
-    if let Some(line) = arena_unavailable(&err) {
-        pagewise_kernel::testing::skip(format!("HPS cannot start here: {line}"));
-        return;
-    }
-    assert!(run.status.success(), "pieces under pagewise hps run: {:?}\n{err}", run.status);
+    let Some((direct, run, err)) = direct_and_under_hps("pieces", &[], &[]) else { return };
     assert!(String::from_utf8_lossy(&direct.stdout).ends_with(" errors 0\n"));
     assert_eq!(String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&direct.stdout), "{err}");
     let routed: u64 = err

@@ -5,41 +5,12 @@
 //! unreachable servers are reported before the program starts, and a program with no
 //! eligible allocation runs normally with a warning.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::{Command, Output};
-use std::sync::Once;
 
-fn pagewise() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_pagewise"))
-}
-
-/// libpagewise.so must sit next to the binary (`make build` builds the workspace; a lone
-/// `cargo test -p pagewise-cli` may not have).
-fn ensure_libpagewise() {
-    static BUILD: Once = Once::new();
-    BUILD.call_once(|| {
-        let lib = pagewise().parent().unwrap().join("libpagewise.so");
-        if !lib.exists() {
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let st = Command::new(cargo).args(["build", "--release", "-p", "pagewise-capi"]).status().unwrap();
-            assert!(st.success(), "building libpagewise.so failed");
-        }
-    });
-}
-
-fn compile(name: &str, dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/run").join(format!("{name}.c"));
-    let out = dir.join(name);
-    let st = Command::new("cc").args(["-O2", "-pthread", "-o"]).arg(&out).arg(&src).status().expect("cc");
-    assert!(st.success(), "compiling {}", src.display());
-    out
-}
-
-fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pagewise-run-test-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use common::{compile, ensure_libpagewise, pagewise, tempdir};
 
 fn under_run(flags: &[&str], prog: &Path, args: &[&str]) -> Output {
     Command::new(pagewise()).arg("run").args(flags).arg("--").arg(prog).args(args).output().expect("pagewise run")

@@ -1,0 +1,41 @@
+//! What the tests that run unmodified C programs under the preload shim share: the `pagewise`
+//! binary, libpagewise.so next to it, and the test programs in tests/run/ compiled into a
+//! scratch directory.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Once;
+
+pub fn pagewise() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_pagewise"))
+}
+
+/// libpagewise.so must sit next to the binary (`make build` builds the workspace; a lone
+/// `cargo test -p pagewise-cli` may not have).
+pub fn ensure_libpagewise() {
+    static BUILD: Once = Once::new();
+    BUILD.call_once(|| {
+        let lib = pagewise().parent().unwrap().join("libpagewise.so");
+        if !lib.exists() {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let st = Command::new(cargo).args(["build", "--release", "-p", "pagewise-capi"]).status().unwrap();
+            assert!(st.success(), "building libpagewise.so failed");
+        }
+    });
+}
+
+/// Compile tests/run/NAME.c into `dir`.
+pub fn compile(name: &str, dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/run").join(format!("{name}.c"));
+    let out = dir.join(name);
+    let st = Command::new("cc").args(["-O2", "-pthread", "-o"]).arg(&out).arg(&src).status().expect("cc");
+    assert!(st.success(), "compiling {}", src.display());
+    out
+}
+
+/// A scratch directory of this test process.
+pub fn tempdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("pagewise-run-test-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
