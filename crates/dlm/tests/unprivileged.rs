@@ -84,9 +84,23 @@ fn run(name: &str, seccomp: bool) -> Option<String> {
         pagewise_kernel::testing::skip(format!("vm.unprivileged_userfaultfd={} (the case needs 0)", sysctl.trim()));
         return None;
     }
+    // One at a time: a fork in another test while the copy below is open for writing would
+    // hand the child the write descriptor, and exec of the copy would fail with ETXTBSY.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let servers = [ServerProc::start("256M"), ServerProc::start("256M")];
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", name, "--nocapture"])
+    // The test binary may sit below a directory only root can enter (a clone under a
+    // `mktemp -d` directory is 0700): run a copy from a directory the user nobody can enter.
+    let dir = std::env::temp_dir().join(format!("pagewise-unprivileged-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("unprivileged-test");
+    std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+    for p in [&dir, &exe] {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    let mut cmd = Command::new(&exe);
+    cmd.current_dir(&dir)
+        .args(["--exact", name, "--nocapture"])
         .env("DLM_CHILD", "1")
         .env("DLM_TEST_SERVERS", format!("{},{}", servers[0].addr, servers[1].addr))
         .uid(NOBODY)
@@ -96,6 +110,7 @@ fn run(name: &str, seccomp: bool) -> Option<String> {
         unsafe { cmd.pre_exec(block_userfaultfd) };
     }
     let out = cmd.output().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
     let so = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{so}\n{}", String::from_utf8_lossy(&out.stderr));
     Some(so)
