@@ -1,7 +1,10 @@
 //! CLOCK (second chance) over resident units: a pure policy, no I/O.
 //!
 //! Slots form the clock's circle. A victim is the first slot under the hand whose reference bit
-//! is clear; referenced slots passed over get their bit cleared (a second chance). A new unit
+//! is clear; referenced slots passed over get their bit cleared (a second chance), and the
+//! caller hears of each (`victim`'s `on_second_chance`) so it can arrange to see the entry's
+//! next use — the runtime unmaps the unit's pages, keeping their data, so the next access
+//! faults and sets the bit again (`runtime.rs`, "Reference bits"). A new unit
 //! takes a free slot; free slots appear where the hand just evicted, so new units land right
 //! behind the hand, as in Corbató's CLOCK. Capacity is fixed up front so inserting never
 //! allocates (the DLM fault path may run inside a signal handler).
@@ -10,6 +13,8 @@
 struct Slot<K> {
     key: K,
     referenced: bool,
+    /// Used again after it was inserted (`touch`): a tie-break when every entry is referenced.
+    reused: bool,
 }
 
 /// A CLOCK of at most `capacity` entries keyed by `K`.
@@ -36,7 +41,7 @@ impl<K: Copy> Clock<K> {
 
     /// Insert a just-used entry (reference bit set); returns its slot. `None` when full.
     pub fn insert(&mut self, key: K) -> Option<usize> {
-        let s = Some(Slot { key, referenced: true });
+        let s = Some(Slot { key, referenced: true, reused: false });
         let slot = if let Some(i) = self.free.pop() {
             self.slots[i] = s;
             i
@@ -58,10 +63,11 @@ impl<K: Copy> Clock<K> {
         self.slots.get_mut(slot)?.as_mut().map(|s| &mut s.key)
     }
 
-    /// Mark the entry used.
+    /// Mark the entry used (again: its insertion counted as the first use).
     pub fn touch(&mut self, slot: usize) {
         if let Some(Some(s)) = self.slots.get_mut(slot) {
             s.referenced = true;
+            s.reused = true;
         }
     }
 
@@ -73,24 +79,42 @@ impl<K: Copy> Clock<K> {
     }
 
     /// The next victim (not removed): the first unreferenced entry under the hand, clearing
-    /// reference bits on the way. At most two turns of the hand.
-    pub fn victim(&mut self) -> Option<usize> {
+    /// reference bits on the way and calling `on_second_chance` with each entry whose bit it
+    /// cleared.
+    ///
+    /// When the hand comes round having found every entry referenced — a scan brings in units
+    /// faster than the hand turns, so every entry is fresh — plain CLOCK takes whatever is under
+    /// the hand, which may be the unit the program keeps using. Here the tie goes to the first
+    /// entry never used since it was inserted (the scan's), as 2Q keeps once-used pages apart
+    /// from reused ones; only if every entry was reused does the one under the hand go.
+    pub fn victim(&mut self, mut on_second_chance: impl FnMut(&mut K)) -> Option<usize> {
         if self.len == 0 {
             return None;
         }
         let n = self.slots.len();
-        for _ in 0..2 * n + 1 {
-            let i = self.hand;
-            self.hand = (self.hand + 1) % n;
+        let start = self.hand;
+        for _ in 0..n {
+            let i = self.advance();
             if let Some(s) = &mut self.slots[i] {
-                if s.referenced {
-                    s.referenced = false;
-                } else {
+                if !s.referenced {
                     return Some(i);
                 }
+                s.referenced = false;
+                on_second_chance(&mut s.key);
             }
         }
-        None
+        // A whole turn found every entry referenced (and cleared it).
+        let live = |s: &Option<Slot<K>>| s.is_some();
+        let once_used = (0..n).map(|k| (start + k) % n).find(|&i| self.slots[i].as_ref().is_some_and(|s| !s.reused));
+        let i = once_used.or_else(|| (0..n).map(|k| (start + k) % n).find(|&i| live(&self.slots[i])))?;
+        self.hand = (i + 1) % n;
+        Some(i)
+    }
+
+    fn advance(&mut self) -> usize {
+        let i = self.hand;
+        self.hand = (self.hand + 1) % self.slots.len();
+        i
     }
 }
 
@@ -105,13 +129,17 @@ mod tests {
         let a = c.insert('a').unwrap();
         let b = c.insert('b').unwrap();
         let _ = c.insert('c').unwrap();
-        // First sweep clears every bit; 'a' is then the oldest unreferenced.
-        assert_eq!(c.victim(), Some(a));
+        // First sweep clears every bit (and reports each); 'a' is then the oldest unreferenced.
+        let mut passed = Vec::new();
+        assert_eq!(c.victim(|k| passed.push(*k)), Some(a));
+        assert_eq!(passed, ['a', 'b', 'c']);
         c.touch(b);
         c.remove(a);
         // The hand is past 'a'; 'b' was touched again, so 'c' goes.
-        let v = c.victim().unwrap();
+        passed.clear();
+        let v = c.victim(|k| passed.push(*k)).unwrap();
         assert_eq!(c.get(v), Some(&'c'));
+        assert_eq!(passed, ['b']);
     }
 
     #[test]
@@ -135,9 +163,57 @@ mod tests {
                     0 => if let Some(s) = c.insert(x) { live.insert(s); },
                     1 => { c.touch(x); }
                     2 => if c.remove(x).is_some() { live.remove(&x); },
-                    _ => if let Some(v) = c.victim() { prop_assert!(live.contains(&v)); },
+                    _ => if let Some(v) = c.victim(|_| {}) { prop_assert!(live.contains(&v)); },
                 }
                 prop_assert_eq!(c.len(), live.len());
+            }
+        }
+
+        /// An entry used between any two victim choices is never chosen while cold entries
+        /// (inserted, never used again) stream through: the unit a program keeps reading
+        /// outlives a scan, whatever the capacity and the scan's length.
+        #[test]
+        fn a_hot_entry_outlives_a_scan(cap in 2usize..12, scan in 1usize..300) {
+            const HOT: usize = usize::MAX;
+            let mut c = Clock::with_capacity(cap);
+            let mut hot = c.insert(HOT).unwrap();
+            c.touch(hot);
+            let mut hot_evictions = 0;
+            for i in 0..scan {
+                if c.insert(i).is_none() {
+                    let v = c.victim(|_| {}).unwrap();
+                    c.remove(v);
+                    c.insert(i).unwrap();
+                    if v == hot {
+                        hot_evictions += 1;
+                        hot = c.insert(HOT).unwrap_or_else(|| {
+                            let w = c.victim(|_| {}).unwrap();
+                            c.remove(w);
+                            c.insert(HOT).unwrap()
+                        });
+                    }
+                }
+                c.touch(hot);
+            }
+            prop_assert_eq!(hot_evictions, 0);
+        }
+
+        /// Plain second chance still holds: an unreferenced entry is taken before any
+        /// referenced one.
+        #[test]
+        fn unreferenced_entries_go_first(cap in 2usize..12, touched in proptest::collection::vec(any::<bool>(), 12)) {
+            let mut c = Clock::with_capacity(cap);
+            let slots: Vec<usize> = (0..cap).map(|k| c.insert(k).unwrap()).collect();
+            // One full turn clears every bit; then re-reference some.
+            let first = c.victim(|_| {}).unwrap();
+            c.remove(first);
+            for (&s, &t) in slots.iter().zip(&touched) {
+                if t && s != first { c.touch(s); }
+            }
+            let v = c.victim(|_| {}).unwrap();
+            let any_cold = slots.iter().zip(&touched).any(|(&s, &t)| s != first && !t);
+            if any_cold {
+                prop_assert!(!touched[slots.iter().position(|&s| s == v).unwrap()]);
             }
         }
     }

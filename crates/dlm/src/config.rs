@@ -54,12 +54,12 @@ pub struct Config {
     pub fault_mode: FaultMode,
     /// Most units requested ahead of a sequential stream of faults (0: no read-ahead).
     pub readahead: usize,
-    /// userfaultfd modes: back areas with a memfd and receive replies straight into its page
-    /// cache, mapped with UFFDIO_CONTINUE (no second copy); false (default): anonymous memory
-    /// filled with UFFDIO_COPY from a buffer. Ignored (off) when the kernel lacks shmem
-    /// userfaultfd. Faster only for small units on a client with a core to spare (runtime.rs).
-    /// Zero-copy areas are shared mappings: a child made by fork(2) shares them with its
-    /// parent instead of getting a copy.
+    /// userfaultfd modes: receive replies straight into the area's memfd page cache, mapped
+    /// with UFFDIO_CONTINUE (no second copy); false (default): UFFDIO_COPY from a buffer.
+    /// Ignored (off) when the kernel lacks shmem userfaultfd. Faster only for small units on a
+    /// client with a core to spare (runtime.rs). Areas are shared memfd mappings either way:
+    /// a child made by fork(2) shares them with its parent instead of getting a copy (see
+    /// `dont_fork`).
     pub zero_copy: bool,
     /// Tune the set count over windows of time while no loop is measured (programs without
     /// `dlm_start`/`dlm_end`, `pagewise run --page-size auto`). Loops are tuned regardless.

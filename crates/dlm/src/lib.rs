@@ -8,18 +8,19 @@
 //!
 //! - [`server`]: the memory server.
 //! - [`runtime`]: the client runtime ([`Dlm`]): fault handling (userfaultfd handler thread,
-//!   userfaultfd SIGBUS, or the SIGSEGV fallback), eviction in practice FIFO (see below),
-//!   write-back, read-ahead.
+//!   userfaultfd SIGBUS, or the SIGSEGV fallback), eviction (CLOCK with sampled reference
+//!   bits, see below), write-back, read-ahead.
 //! - [`clock`], [`layout`], [`config`]: the pure parts (policy, home arithmetic, parsing).
 //! - [`transport`]: the message channel (TCP), behind a trait so MPI can follow.
 //! - [`capi`]: the `dlm_*` C ABI.
 //! - [`tune`] (policy) and `measure` (what the runtime records for it): the page-size tuner.
 //!
-//! Eviction is a CLOCK over resident units, but the runtime sees a reference only when a unit
-//! is faulted in or first written (reads of a resident unit never fault), so every unit gets
-//! exactly one pass of the hand after its fault: in effect FIFO by fault time, with no
-//! preference for units the program keeps reading. Real reference information (sampling the
-//! accessed bits through page_idle, as the HPS tracker does) is future work (issue 9).
+//! Eviction is a CLOCK over resident units. Reads of a resident unit do not fault, so the
+//! reference bit is sampled: when the hand clears a unit's bit it also unmaps the unit from the
+//! program's view, keeping its data, and the unit's next access — a minor fault — sets the bit
+//! again (`runtime.rs`, "Reference bits"). A unit the program keeps reading therefore outlives
+//! units read once, which plain FIFO by fault time (what a CLOCK that sees only faults
+//! amounts to) would not do.
 
 pub mod capi;
 pub mod clock;

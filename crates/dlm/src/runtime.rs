@@ -12,9 +12,9 @@
 //! 1. the unit is the s-page range aligned to s around p (`Layout::unit`);
 //! 2. if it is already on its way (read-ahead), the replies queued before it on its home's
 //!    connection are installed in order, then it;
-//! 3. otherwise room is made under the local limit (CLOCK victims — in effect FIFO, as reads
-//!    of resident units are not seen (lib.rs); clean ones dropped, dirty
-//!    ones written back first), a READ is sent to the home and its reply installed. Pages that
+//! 3. otherwise room is made under the local limit (CLOCK victims, see "Reference bits";
+//!    clean ones dropped, dirty ones written back first), a READ is sent to the home and its
+//!    reply installed. Pages that
 //!    were never written back are installed as zeros without a message;
 //! 4. faults that continue a sequential run grow a read-ahead window: READs for the next units
 //!    are sent without waiting, so the stream keeps the network busy while the program works.
@@ -39,15 +39,32 @@
 //! missing page returns EFAULT); the handler thread can, so programs that hand DLM memory to
 //! system calls (and every program under `pagewise run`) use it.
 //!
+//! # Reference bits
+//! A read of a resident unit does not fault, so CLOCK would see a unit used only when it is
+//! faulted in or first written — FIFO by fault time. The bit is sampled instead, as the
+//! classic software-referenced-bit schemes do: when the hand clears a unit's bit it *arms* the
+//! unit — drops it from the program's page tables (MADV_DONTNEED on the shared memfd view;
+//! the pages stay in the memfd) — and the unit's next access is a minor fault that sets the
+//! bit and maps the same pages again (UFFDIO_CONTINUE, write-protected while clean). The cost
+//! is one madvise per pass of the hand (batched over adjacent units) and one minor fault per
+//! unit still in use; `Stats::second_chances` and `reference_faults` count them. When every
+//! unit is referenced (a scan outruns the hand) the tie goes to a unit never used since it
+//! came in (`clock.rs`). Anonymous areas (`alloc_at`, kernels without shmem userfaultfd)
+//! cannot be armed — dropping their pages would lose the only copy — so there reads stay
+//! unseen. The SIGSEGV fallback arms with PROT_NONE.
+//!
 //! # Installing pages
-//! Default: anonymous memory, UFFDIO_COPY from the reply buffer (atomic per page, mode WP).
-//! Zero-copy (`Config::zero_copy`): the area is a memfd mapped twice, the program's view
-//! registered MISSING + MINOR + WP and an alias the runtime writes through; a READ of a wholly
-//! missing unit populates the unit's page-cache pages through the alias while the request
-//! travels, receives the reply straight into them and maps them with UFFDIO_CONTINUE mode WP.
-//! Units partly resident (after a set-count change) and never-written units take UFFDIO_COPY
-//! into the same memfd; eviction punches the unit out of the memfd (MADV_REMOVE). It pays off
-//! only when the client has a core to spare during the round trip, so it is an option.
+//! Areas are a memfd mapped twice (when the kernel has shmem userfaultfd): the program's view,
+//! registered MISSING + MINOR + WP, and an alias the runtime reads and writes through (dirty
+//! data for write-back is read there, so an armed unit never faults the runtime itself).
+//! Default: UFFDIO_COPY from the reply buffer (atomic per page, mode WP).
+//! Zero-copy (`Config::zero_copy`): a READ of a wholly missing unit populates the unit's
+//! page-cache pages through the alias while the request travels, receives the reply straight
+//! into them and maps them with UFFDIO_CONTINUE mode WP. Units partly resident (after a
+//! set-count change) and never-written units take UFFDIO_COPY. Eviction punches the unit out
+//! of the memfd (MADV_REMOVE). Zero-copy pays off only when the client has a core to spare
+//! during the round trip, so it is an option. Without shmem userfaultfd areas are anonymous
+//! memory filled with UFFDIO_COPY.
 //! SIGSEGV mode: the area is a memfd mapped twice, the program's view (PROT_NONE until
 //! installed) and a private read-write view; data is copied through the private view, then
 //! the program's view is opened (mprotect), so no thread ever sees a half-copied page.
@@ -100,6 +117,11 @@ pub struct Stats {
     pub faults: u64,
     /// First-write (write-protect) faults served.
     pub wp_faults: u64,
+    /// Resident units the CLOCK hand gave a second chance and armed (unmapped from the
+    /// program's view, data kept) to see their next use.
+    pub second_chances: u64,
+    /// Accesses to armed units: each a reference the eviction policy saw.
+    pub reference_faults: u64,
     /// Units fetched from a home (demand and read-ahead).
     pub fetched_units: u64,
     pub fetched_bytes: u64,
@@ -118,6 +140,9 @@ struct Entry {
     first: u32,
     count: u32,
     dirty: bool,
+    /// The hand cleared its reference bit and unmapped it from the program's view (its data
+    /// stays in the memfd): its next access faults and counts as a reference.
+    armed: bool,
 }
 
 struct Area {
@@ -159,7 +184,10 @@ pub(crate) struct State {
 pub(crate) struct Inner {
     cfg: Config,
     mode: FaultMode,
-    /// Areas are memfd-backed and filled with UFFDIO_CONTINUE (module doc).
+    /// Areas are memfd-backed (shmem userfaultfd is available): reference bits can be
+    /// sampled (module doc, "Reference bits").
+    memfd: bool,
+    /// Replies are received into the memfd's page cache and mapped with UFFDIO_CONTINUE.
     zero_copy: bool,
     uffd: Option<Uffd>,
     state: Mutex<State>,
@@ -224,17 +252,15 @@ impl Dlm {
     }
 
     fn start(cfg: Config) -> Result<Dlm, DlmError> {
-        // Zero-copy needs shmem userfaultfd (MISSING, MINOR and WP on shmem); without it the
-        // same mode runs on anonymous memory with UFFDIO_COPY.
+        // Memfd-backed areas need shmem userfaultfd (MISSING, MINOR and WP on shmem); without
+        // it areas are anonymous memory (no reference bits, no zero-copy).
         let open = |m: FaultMode| -> Result<(Uffd, bool, bool), pagewise_kernel::Error> {
-            if cfg.zero_copy {
-                if let Ok((u, umo)) = open_uffd(m, true) {
-                    return Ok((u, umo, true));
-                }
+            if let Ok((u, umo)) = open_uffd(m, true) {
+                return Ok((u, umo, true));
             }
             open_uffd(m, false).map(|(u, umo)| (u, umo, false))
         };
-        let (mode, uffd, user_mode_only, zero_copy) = match cfg.fault_mode {
+        let (mode, uffd, user_mode_only, memfd) = match cfg.fault_mode {
             FaultMode::Sigsegv => (FaultMode::Sigsegv, None, false, false),
             FaultMode::Auto => match open(FaultMode::Sigbus) {
                 Ok((u, umo, zc)) => (FaultMode::Sigbus, Some(u), umo, zc),
@@ -258,6 +284,7 @@ impl Dlm {
                 corked: Vec::with_capacity(MAX_PENDING),
             });
         }
+        let zero_copy = memfd && cfg.zero_copy;
         let max_units = cfg.local_mem / cfg.base_page + 1;
         let tuner = crate::tune::TunerConfig {
             base_page: cfg.base_page,
@@ -288,8 +315,15 @@ impl Dlm {
                 ..Default::default()
             },
         };
-        let inner =
-            Arc::new(Inner { cfg, mode, zero_copy, uffd, state: Mutex::new(state), stop: AtomicBool::new(false) });
+        let inner = Arc::new(Inner {
+            cfg,
+            mode,
+            memfd,
+            zero_copy,
+            uffd,
+            state: Mutex::new(state),
+            stop: AtomicBool::new(false),
+        });
         let mut dlm = Dlm { inner: Arc::clone(&inner), handler: None, signal: None };
         match mode {
             FaultMode::HandlerThread => {
@@ -323,7 +357,9 @@ impl Dlm {
     /// Make `[addr, addr + n)` an area, where n is `len` rounded down to whole largest units
     /// (returned), replacing what is mapped there now; its content starts as zeros. For memory
     /// that must keep its address, such as a program's zero-initialised data (`pagewise run
-    /// --bss`). Userfaultfd modes on anonymous memory only (not zero-copy, not SIGSEGV).
+    /// --bss`). Userfaultfd modes only (not SIGSEGV). The area is anonymous memory (it keeps
+    /// the private, copy-on-fork semantics of what it replaces), so reads of its resident
+    /// units are not seen by eviction (module doc, "Reference bits").
     ///
     /// # Safety
     /// The caller owns `[addr, addr + len)`: nothing else uses or unmaps what is there now.
@@ -332,8 +368,8 @@ impl Dlm {
         if n == 0 {
             return Err(DlmError::Config(format!("{len} bytes are less than one largest unit")));
         }
-        if self.inner.mode == FaultMode::Sigsegv || self.inner.zero_copy {
-            return Err(DlmError::Config("a fixed-address area needs anonymous userfaultfd memory".into()));
+        if self.inner.mode == FaultMode::Sigsegv {
+            return Err(DlmError::Config("a fixed-address area needs userfaultfd (not the SIGSEGV mode)".into()));
         }
         self.alloc_inner(n, Some(addr))?;
         Ok(n)
@@ -367,7 +403,7 @@ impl Dlm {
                 Mapping::of_fd(&fd, bytes, 0, &MapOptions { shared: true, no_access: true, ..Default::default() })?;
             let stage = Mapping::of_fd(&fd, bytes, 0, &MapOptions { shared: true, ..Default::default() })?;
             (view, Some((stage, fd)), None)
-        } else if self.inner.zero_copy {
+        } else if self.inner.memfd {
             let fd = memfd_create("pagewise-dlm", None)?;
             pagewise_kernel::mem::ftruncate(&fd, bytes as u64)?;
             let shared = MapOptions { shared: true, ..Default::default() };
@@ -531,7 +567,7 @@ impl Dlm {
         self.inner.drain_all(&mut st);
         let before = st.resident;
         let mut run = Run::default();
-        while let Some(v) = st.clock.victim() {
+        while let Some(v) = st.clock.victim(|_| {}) {
             self.inner.evict(&mut st, v, &mut run);
         }
         run.drop_pages();
@@ -675,11 +711,20 @@ impl Inner {
         }
     }
 
-    /// Make room for `bytes` more under the local limit.
+    /// Make room for `bytes` more under the local limit. Units the hand gives a second chance
+    /// are armed (`arm`) on the way.
     fn make_room(&self, st: &mut State, bytes: usize) {
         let mut run = Run::default();
         while st.resident + bytes > self.cfg.local_mem {
-            match st.clock.victim() {
+            let State { clock, areas, stats, .. } = &mut *st;
+            let b = self.cfg.base_page;
+            let victim = clock.victim(|e| {
+                if !e.armed && arm(areas[e.area as usize].as_ref().expect("live area"), e, b, &mut run) {
+                    e.armed = true;
+                    stats.second_chances += 1;
+                }
+            });
+            match victim {
                 Some(v) => self.evict(st, v, &mut run),
                 None => {
                     run.drop_pages();
@@ -732,9 +777,16 @@ impl Inner {
             h.page = spage as u64;
             h.set_count = count as u32;
             h.length = len as u32;
-            // SAFETY: [start, start+len) is resident and now write-protected; reading it does
-            // not fault and nobody can change it until it is dropped below.
-            let data = unsafe { std::slice::from_raw_parts(start as *const u8, len) };
+            // Read through the runtime's own view where there is one: the program's view of an
+            // armed unit is unmapped (it would fault).
+            let own = {
+                let a = st.areas[ai].as_ref().expect("live");
+                a.alias.as_ref().or(a.staging.as_ref()).map_or(start, |(m, _)| m.addr() + first * b)
+            };
+            // SAFETY: [own, own+len) maps the unit's resident pages, now write-protected in
+            // the program's view; reading does not fault and nobody can change them until
+            // they are dropped below.
+            let data = unsafe { std::slice::from_raw_parts(own as *const u8, len) };
             let sent = st.send(srv, h, data, start, len);
             st.conns[srv].pending.push_back(Pending::Write { area: e.area, first, count, sent });
             st.stats.writebacks += 1;
@@ -784,7 +836,7 @@ impl Inner {
         let a = st.areas[ai].as_mut().expect("live");
         let needs_home = (first..first + count).any(|p| a.slot[p] == NONE && a.home_written[p]);
         // Zero-copy needs the whole unit missing: the reply then lands in its page cache as is.
-        let direct = a.alias.is_some() && missing == count;
+        let direct = self.zero_copy && a.alias.is_some() && missing == count;
         for p in first..first + count {
             if a.slot[p] == NONE {
                 a.slot[p] = INFLIGHT;
@@ -862,7 +914,7 @@ impl Inner {
             if let Err(e) = r {
                 crate::fatal(format_args!("pagewise dlm: installing {dst:#x}+{:#x} failed: {e}", n * b));
             }
-            let entry = Entry { area: ai as u32, first: run_start as u32, count: n as u32, dirty: false };
+            let entry = Entry { area: ai as u32, first: run_start as u32, count: n as u32, dirty: false, armed: false };
             let Some(slot) = st.clock.insert(entry) else {
                 crate::fatal(format_args!("pagewise dlm: internal error: clock full"));
             };
@@ -872,8 +924,29 @@ impl Inner {
     }
 }
 
-/// Evicted anonymous pages not yet dropped: one address range, grown while victims are
-/// adjacent (a stream evicts its oldest units in address order).
+/// Arm unit `e` of area `a`: unmap it from the program's view, keeping its data, so that the
+/// next access faults (`Inner::serve` then counts the reference and maps it again). Memfd
+/// areas: their program-view range joins `run` (MADV_DONTNEED of a shared mapping drops the
+/// page-table entries only). SIGSEGV areas: PROT_NONE. Anonymous areas cannot be armed (their
+/// only copy of the data is what would be dropped): false.
+fn arm(a: &Area, e: &Entry, b: usize, run: &mut Run) -> bool {
+    let (start, len) = (a.addr + e.first as usize * b, e.count as usize * b);
+    if a.alias.is_some() {
+        run.add(start, len);
+        true
+    } else if a.staging.is_some() {
+        if let Err(err) = mprotect(start, len, Protection::None) {
+            crate::fatal(format_args!("pagewise dlm: arming {start:#x}+{len:#x} failed: {err}"));
+        }
+        true
+    } else {
+        false
+    }
+}
+
+/// Program-view ranges to MADV_DONTNEED, not yet dropped: evicted anonymous units (freed) and
+/// armed memfd units (unmapped, data kept). One address range, grown while adjacent (a stream
+/// evicts and arms its oldest units in address order).
 #[derive(Default)]
 struct Run {
     start: usize,
@@ -890,7 +963,7 @@ impl Run {
         }
     }
 
-    /// MADV_DONTNEED the range (the pages are no longer tracked: their next touch faults).
+    /// MADV_DONTNEED the range (its next touch faults).
     fn drop_pages(&mut self) {
         if self.len == 0 {
             return;

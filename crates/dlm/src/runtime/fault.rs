@@ -63,11 +63,25 @@ impl Inner {
         };
         let slot = st.areas[ai].as_ref().expect("present").slot[page];
         if slot != NONE && slot != INFLIGHT {
-            // Resident: a first write (WP / PROT_READ), or a fault that lost a race.
+            // Resident: a use of an armed unit, a first write (WP / PROT_READ), or a fault
+            // that lost a race.
             let e = *st.clock.get(slot as usize).expect("live slot");
             st.clock.touch(slot as usize);
             let start = a_addr + e.first as usize * b;
             let len = e.count as usize * b;
+            if e.armed {
+                // A known write to a clean unit is opened at once (no second, WP fault).
+                let dirty = e.dirty || write;
+                let entry = st.clock.get_mut(slot as usize).expect("live");
+                entry.armed = false;
+                entry.dirty = dirty;
+                st.stats.reference_faults += 1;
+                self.map_again(start, len, dirty);
+                return Served::Ours;
+            }
+            // Under SIGBUS the kind of fault is not known: a thread that faulted on an armed
+            // unit together with the one that mapped it lands here and marks it dirty — a
+            // spare write-back, never a lost one.
             if !e.dirty && (write || self.mode != FaultMode::HandlerThread) {
                 st.clock.get_mut(slot as usize).expect("live").dirty = true;
                 st.stats.wp_faults += 1;
@@ -168,6 +182,18 @@ impl Inner {
             st.clear_touched();
         }
         Served::Ours
+    }
+
+    /// Map an armed unit back into the program's view: write-protected while clean.
+    fn map_again(&self, start: usize, len: usize, dirty: bool) {
+        let r = match &self.uffd {
+            // The unit's pages are in the memfd's page cache: a minor fault.
+            Some(u) => u.continue_wp(start, len, !dirty, true),
+            None => mprotect(start, len, if dirty { Protection::ReadWrite } else { Protection::Read }),
+        };
+        if let Err(e) = r {
+            crate::fatal(format_args!("pagewise dlm: mapping {start:#x}+{len:#x} again failed: {e}"));
+        }
     }
 
     pub(super) fn unprotect(&self, start: usize, len: usize) {
