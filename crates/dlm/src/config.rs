@@ -61,6 +61,12 @@ pub struct Config {
     /// a child made by fork(2) shares them with its parent instead of getting a copy (see
     /// `dont_fork`).
     pub zero_copy: bool,
+    /// Eviction sees reads (userfaultfd modes): areas are memfd-backed so the CLOCK hand can
+    /// unmap a unit and keep its data, and the unit's next access sets its reference bit
+    /// (runtime.rs, "Reference bits"). false: anonymous memory — each fault installs faster
+    /// (no page cache; `pagewise eval dlm-fault` measures the difference) but eviction sees
+    /// only faults and first writes, which makes it FIFO by fault time.
+    pub sample_references: bool,
     /// Tune the set count over windows of time while no loop is measured (programs without
     /// `dlm_start`/`dlm_end`, `pagewise run --page-size auto`). Loops are tuned regardless.
     pub auto_tune: bool,
@@ -90,6 +96,7 @@ impl Default for Config {
             fault_mode: FaultMode::Auto,
             readahead: 32,
             zero_copy: false,
+            sample_references: true,
             auto_tune: false,
             min_set: 1,
             tune_window: std::time::Duration::from_millis(200),
@@ -120,7 +127,8 @@ pub fn parse_size(s: &str) -> Result<usize, DlmError> {
 impl Config {
     /// Read `PAGEWISE_DLM_SERVERS` (required), `PAGEWISE_DLM_LOCAL_MEM`, `PAGEWISE_DLM_PAGE_SIZE`,
     /// `PAGEWISE_DLM_MAX_SET`, `PAGEWISE_DLM_SET_COUNT`, `PAGEWISE_DLM_FAULT_MODE`,
-    /// `PAGEWISE_DLM_READAHEAD`, `PAGEWISE_DLM_ZERO_COPY` (0/1), `PAGEWISE_DLM_AUTO_TUNE` (0/1),
+    /// `PAGEWISE_DLM_READAHEAD`, `PAGEWISE_DLM_ZERO_COPY` (0/1), `PAGEWISE_DLM_REFERENCES` (0/1:
+    /// `sample_references`), `PAGEWISE_DLM_AUTO_TUNE` (0/1),
     /// `PAGEWISE_DLM_MIN_SET`, `PAGEWISE_DLM_TUNE_WINDOW_MS`, `PAGEWISE_DLM_DECISIONS` (a file),
     /// `PAGEWISE_DLM_FAULT_TIMEOUT_MS` (0: none), `PAGEWISE_DLM_DONTFORK` (0/1) through `get`.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, DlmError> {
@@ -152,6 +160,9 @@ impl Config {
         }
         if let Some(v) = get("PAGEWISE_DLM_ZERO_COPY") {
             c.zero_copy = num("PAGEWISE_DLM_ZERO_COPY", v)? != 0;
+        }
+        if let Some(v) = get("PAGEWISE_DLM_REFERENCES") {
+            c.sample_references = num("PAGEWISE_DLM_REFERENCES", v)? != 0;
         }
         if let Some(v) = get("PAGEWISE_DLM_AUTO_TUNE") {
             c.auto_tune = num("PAGEWISE_DLM_AUTO_TUNE", v)? != 0;

@@ -49,8 +49,8 @@
 //! is one madvise per pass of the hand (batched over adjacent units) and one minor fault per
 //! unit still in use; `Stats::second_chances` and `reference_faults` count them. When every
 //! unit is referenced (a scan outruns the hand) the tie goes to a unit never used since it
-//! came in (`clock.rs`). Anonymous areas (`alloc_at`, kernels without shmem userfaultfd)
-//! cannot be armed — dropping their pages would lose the only copy — so there reads stay
+//! came in (`clock.rs`). Anonymous areas (`alloc_at`, kernels without shmem userfaultfd,
+//! `Config::sample_references` off) cannot be armed — dropping their pages would lose the only copy — so there reads stay
 //! unseen. The SIGSEGV fallback arms with PROT_NONE.
 //!
 //! # Installing pages
@@ -253,10 +253,13 @@ impl Dlm {
 
     fn start(cfg: Config) -> Result<Dlm, DlmError> {
         // Memfd-backed areas need shmem userfaultfd (MISSING, MINOR and WP on shmem); without
-        // it areas are anonymous memory (no reference bits, no zero-copy).
+        // it, or when neither reference bits nor zero-copy are wanted, areas are anonymous
+        // memory.
         let open = |m: FaultMode| -> Result<(Uffd, bool, bool), pagewise_kernel::Error> {
-            if let Ok((u, umo)) = open_uffd(m, true) {
-                return Ok((u, umo, true));
+            if cfg.sample_references || cfg.zero_copy {
+                if let Ok((u, umo)) = open_uffd(m, true) {
+                    return Ok((u, umo, true));
+                }
             }
             open_uffd(m, false).map(|(u, umo)| (u, umo, false))
         };

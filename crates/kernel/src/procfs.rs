@@ -345,8 +345,59 @@ pub fn pids_with_cmdline(needle: &str) -> Result<Vec<i32>> {
     Ok(out)
 }
 
+/// `num_threads` (field 20) of a /proc/PID/stat line. The command name (field 2) sits in
+/// parentheses and may itself hold spaces and ')', so fields are counted after the last ')'.
+pub fn parse_stat_num_threads(line: &[u8]) -> Option<u32> {
+    let close = line.iter().rposition(|&c| c == b')')?;
+    // After ')': field 3 (state) is the first; num_threads, field 20, is the 18th.
+    let field = line[close + 1..].split(|&c| c == b' ').filter(|f| !f.is_empty()).nth(17)?;
+    std::str::from_utf8(field).ok()?.trim_end().parse().ok()
+}
+
+/// This process's thread count, read without allocating (usable in a signal handler):
+/// /proc/self/stat opened once, read with pread(2) into a stack buffer.
+#[derive(Debug)]
+pub struct ThreadCount {
+    stat: File,
+}
+
+impl ThreadCount {
+    pub fn open() -> Result<Self> {
+        Ok(ThreadCount { stat: open("/proc/self/stat")? })
+    }
+
+    pub fn get(&self) -> Result<u32> {
+        let mut buf = [0u8; 2048];
+        let n =
+            self.stat.read_at(&mut buf, 0).map_err(|source| Error::Read { path: "/proc/self/stat".into(), source })?;
+        parse_stat_num_threads(&buf[..n]).ok_or_else(|| Error::parse("/proc/self/stat", "no num_threads field"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn stat_num_threads_counts_fields_after_the_command_name() {
+        // Linux 6.18, a process named "a) b (c" with 3 threads.
+        let line = b"4242 (a) b (c) S 1 4242 4242 0 -1 4194560 120 0 0 0 1 2 0 0 20 0 3 0 377 9297920 \
+            512 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n";
+        assert_eq!(super::parse_stat_num_threads(line), Some(3));
+        assert_eq!(super::parse_stat_num_threads(b"4242 (x) S 1"), None);
+        assert_eq!(super::parse_stat_num_threads(b"no parenthesis"), None);
+    }
+
+    #[test]
+    fn thread_count_sees_a_new_thread() {
+        // Other tests run in threads of this process too: only a lower bound holds.
+        let tc = super::ThreadCount::open().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || rx.recv().unwrap());
+        assert!(tc.get().unwrap() >= 2);
+        tx.send(()).unwrap();
+        t.join().unwrap();
+        assert!(tc.get().unwrap() >= 1);
+    }
 
     #[test]
     fn finds_this_process_by_its_command_line() {

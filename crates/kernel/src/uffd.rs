@@ -30,6 +30,7 @@ const UFFDIO_COPY: u64 = iowr(0x03, 40);
 const UFFDIO_ZEROPAGE: u64 = iowr(0x04, 32);
 const UFFDIO_WRITEPROTECT: u64 = iowr(0x06, 24);
 const UFFDIO_CONTINUE: u64 = iowr(0x07, 32);
+const UFFDIO_MOVE: u64 = iowr(0x05, 40);
 /// `_IO(0xAA, 0x00)` on /dev/userfaultfd.
 const USERFAULTFD_IOC_NEW: u64 = UFFDIO << 8;
 
@@ -54,6 +55,8 @@ pub mod feature {
     pub const POISON: u64 = 1 << 14;
     /// Write-protect faults resolved by the kernel, readable through PAGEMAP_SCAN (Linux 6.7).
     pub const WP_ASYNC: u64 = 1 << 15;
+    /// UFFDIO_MOVE: move anonymous pages between registered ranges of one process without
+    /// copying them (Linux 6.8).
     pub const MOVE: u64 = 1 << 16;
 
     /// Names of the bits, for reports.
@@ -129,6 +132,9 @@ struct UffdioCopy {
     mode: u64,
     copy: i64,
 }
+
+/// Same layout as UffdioCopy (`move` in place of `copy`).
+type UffdioMove = UffdioCopy;
 
 #[repr(C)]
 #[derive(Default)]
@@ -216,6 +222,12 @@ impl UffdBuilder {
     /// Require these `feature::*` bits; [`UffdBuilder::open`] fails naming any the kernel lacks.
     pub fn require(mut self, features: u64) -> Self {
         self.features |= features;
+        self
+    }
+
+    /// Ask for these `feature::*` bits where the kernel has them ([`Uffd::has`] tells).
+    pub fn want(mut self, features: u64) -> Self {
+        self.features |= features & api_info().map_or(0, |i| i.features);
         self
     }
 
@@ -359,6 +371,19 @@ impl Uffd {
         // SAFETY: c is a valid uffdio_copy and the caller guarantees src is readable.
         check(unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_COPY as _, &mut c) }, "ioctl(UFFDIO_COPY)")?;
         Ok(c.copy as usize)
+    }
+
+    /// Move the anonymous pages of `[src, src+len)` to the missing range `[dst, dst+len)`
+    /// without copying them (UFFDIO_MOVE, needs [`feature::MOVE`]); `dst` must be registered
+    /// with this userfaultfd, both ranges private anonymous and writable, and the pages not
+    /// shared (a fork's copy-on-write pages fail with EBUSY). The pages arrive writable
+    /// (mm/userfaultfd.c builds the new entry with pte_mkwrite): write-protect them after, if
+    /// needed. Returns the bytes moved.
+    pub fn move_pages(&self, dst: usize, src: usize, len: usize, wake: bool) -> Result<usize> {
+        let mut m = UffdioMove { dst: dst as u64, src: src as u64, len: len as u64, mode: !wake as u64, copy: 0 };
+        // SAFETY: m is a valid uffdio_move; the kernel checks both ranges.
+        check(unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_MOVE as _, &mut m) }, "ioctl(UFFDIO_MOVE)")?;
+        Ok(m.copy as usize)
     }
 
     /// Map zero pages into a missing range.
@@ -550,6 +575,29 @@ mod tests {
         writer.join().unwrap();
         // SAFETY: the alias maps the same page.
         assert_eq!(unsafe { std::ptr::read_volatile((alias.addr() + 4096 + 9) as *const u8) }, 0x11);
+    }
+
+    #[test]
+    fn moved_pages_keep_their_bytes_and_leave_the_source_empty() {
+        let Some(uffd) = uffd_or_skip(feature::MOVE | feature::PAGEFAULT_FLAG_WP) else {
+            return;
+        };
+        let len = 4 * 4096;
+        let opts = MapOptions::default();
+        let src = Mapping::anonymous(len, &opts).unwrap();
+        let dst = Mapping::anonymous(len, &opts).unwrap();
+        uffd.register(dst.addr(), len, RegisterMode { missing: true, write_protect: true, minor: false }).unwrap();
+        // SAFETY: src is ours and read-write.
+        unsafe { std::ptr::write_bytes(src.addr() as *mut u8, 0x3C, len) };
+        assert_eq!(uffd.move_pages(dst.addr(), src.addr(), len, true).unwrap(), len);
+        // SAFETY: dst now maps the moved pages: no fault.
+        assert_eq!(unsafe { std::ptr::read_volatile((dst.addr() + len - 1) as *const u8) }, 0x3C);
+        // The source is empty: its next touch is a fresh zero page.
+        // SAFETY: src is ours (not registered: an ordinary fault).
+        assert_eq!(unsafe { std::ptr::read_volatile((src.addr() + 5) as *const u8) }, 0);
+        // Moving onto a present page is refused.
+        let err = uffd.move_pages(dst.addr(), src.addr(), 4096, true).unwrap_err();
+        assert!(err.to_string().contains("UFFDIO_MOVE"), "{err}");
     }
 
     #[test]

@@ -11,8 +11,10 @@
 //! the local limit with 128 KiB units and read-ahead, next to pipelined TCP streaming from the
 //! same server, and local memcpy. Placement: client and server on different cores, and on the
 //! same core (wake-up latency dominates small round trips on this VM). The SIGBUS mode runs
-//! twice in the same interleaved order: with the default UFFDIO_COPY install and with
-//! `Config::zero_copy` (reply received into a memfd's page cache, mapped with UFFDIO_CONTINUE).
+//! three times in the same interleaved order: the default (memfd area, UFFDIO_COPY install),
+//! `Config::zero_copy` (reply received into the memfd's page cache, mapped with
+//! UFFDIO_CONTINUE), and anonymous memory (`Config::sample_references` off: what sampling
+//! reference bits for eviction costs each fault).
 
 use std::collections::BTreeSet;
 use std::time::Instant;
@@ -39,8 +41,19 @@ enum Way {
     PlainPingPong,
     /// Request/reply with DLM's busy-polling reply wait.
     PingPong,
-    /// A fault mode; the flag is `Config::zero_copy`.
-    Mode(FaultMode, bool),
+    /// A fault mode and how pages are installed.
+    Mode(FaultMode, Install),
+}
+
+/// How the runtime backs areas and installs fetched pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Install {
+    /// The default: memfd areas (reference bits sampled), UFFDIO_COPY.
+    Copy,
+    /// `Config::zero_copy`: received into the memfd's page cache, UFFDIO_CONTINUE.
+    ZeroCopy,
+    /// `Config::sample_references` off: anonymous memory, UFFDIO_COPY.
+    Anonymous,
 }
 
 impl Way {
@@ -49,8 +62,9 @@ impl Way {
             Way::PlainPingPong => "TCP request/reply, plain",
             Way::PingPong => "TCP request/reply, busy-poll",
             Way::Mode(FaultMode::HandlerThread, _) => "fault, handler thread",
-            Way::Mode(FaultMode::Sigbus, false) => "fault, SIGBUS",
-            Way::Mode(FaultMode::Sigbus, true) => "fault, SIGBUS, zero-copy",
+            Way::Mode(FaultMode::Sigbus, Install::Copy) => "fault, SIGBUS",
+            Way::Mode(FaultMode::Sigbus, Install::ZeroCopy) => "fault, SIGBUS, zero-copy",
+            Way::Mode(FaultMode::Sigbus, Install::Anonymous) => "fault, SIGBUS, anonymous",
             Way::Mode(..) => "fault, other",
         }
     }
@@ -121,7 +135,7 @@ impl Raw {
 fn dlm_config(
     server: &str,
     mode: FaultMode,
-    zero_copy: bool,
+    install: Install,
     base: usize,
     max_set: u32,
     set: u32,
@@ -136,7 +150,8 @@ fn dlm_config(
         set_count: set,
         fault_mode: mode,
         readahead: ra,
-        zero_copy,
+        zero_copy: install == Install::ZeroCopy,
+        sample_references: install != Install::Anonymous,
         ..Config::default()
     }
 }
@@ -154,7 +169,7 @@ fn populate(dlm: &Dlm, base: *mut u8, bytes: usize) {
 fn fault_latency(
     server: &str,
     mode: FaultMode,
-    zero_copy: bool,
+    install: Install,
     size: usize,
     n: usize,
     seed: u64,
@@ -162,7 +177,7 @@ fn fault_latency(
     let units = n.max(8);
     let bytes = units * size;
     let set = (size / (4 * KIB)) as u32;
-    let dlm = Dlm::init(dlm_config(server, mode, zero_copy, 4 * KIB, 256, set, bytes + (2 << 20), 0))?;
+    let dlm = Dlm::init(dlm_config(server, mode, install, 4 * KIB, 256, set, bytes + (2 << 20), 0))?;
     let base = dlm.alloc(bytes)?;
     populate(&dlm, base, bytes);
     let mut order: Vec<usize> = (0..units).collect();
@@ -217,11 +232,11 @@ fn pingpong(server: &str, size: usize, n: usize, seed: u64, busy_poll: bool) -> 
 fn stream_dlm(
     server: &str,
     mode: FaultMode,
-    zero_copy: bool,
+    install: Install,
     bytes: usize,
 ) -> anyhow::Result<(f64, pagewise_dlm::Stats)> {
     let local = bytes / 4;
-    let dlm = Dlm::init(dlm_config(server, mode, zero_copy, 16 * KIB, 8, 8, local, 32))?;
+    let dlm = Dlm::init(dlm_config(server, mode, install, 16 * KIB, 8, 8, local, 32))?;
     let base = dlm.alloc(bytes)?;
     populate(&dlm, base, bytes);
     let t = Instant::now();
@@ -300,11 +315,17 @@ impl Experiment for DlmFault {
         let ways = [
             Way::PlainPingPong,
             Way::PingPong,
-            Way::Mode(FaultMode::HandlerThread, false),
-            Way::Mode(FaultMode::Sigbus, false),
-            Way::Mode(FaultMode::Sigbus, true),
+            Way::Mode(FaultMode::HandlerThread, Install::Copy),
+            Way::Mode(FaultMode::Sigbus, Install::Copy),
+            Way::Mode(FaultMode::Sigbus, Install::ZeroCopy),
+            Way::Mode(FaultMode::Sigbus, Install::Anonymous),
         ];
-        let stream_modes = [(FaultMode::HandlerThread, false), (FaultMode::Sigbus, false), (FaultMode::Sigbus, true)];
+        let stream_modes = [
+            (FaultMode::HandlerThread, Install::Copy),
+            (FaultMode::Sigbus, Install::Copy),
+            (FaultMode::Sigbus, Install::ZeroCopy),
+            (FaultMode::Sigbus, Install::Anonymous),
+        ];
         ctx.start_progress(
             (placements.len() * (sizes.len() * ways.len() * reps + reps * (stream_modes.len() + 1))) as u64,
             "faults",
@@ -318,6 +339,7 @@ impl Experiment for DlmFault {
             "thread p50 / p99 µs",
             "SIGBUS p50 / p99 µs",
             "SIGBUS zero-copy p50 / p99 µs",
+            "SIGBUS anonymous p50 / p99 µs",
             "best fault / plain TCP",
             "best fault / busy-poll TCP",
             "first write thread / SIGBUS µs",
@@ -327,6 +349,7 @@ impl Experiment for DlmFault {
             "DLM thread GB/s",
             "DLM SIGBUS GB/s",
             "DLM SIGBUS zero-copy GB/s",
+            "DLM SIGBUS anonymous GB/s",
             "TCP stream GB/s",
             "memcpy GB/s",
             "best DLM / TCP",
@@ -346,7 +369,7 @@ impl Experiment for DlmFault {
                     let res = interleave(ctx, &ways, reps, |&w, rep| match w {
                         Way::PlainPingPong => Ok((pingpong(&addr, size, n, rep as u64, false)?, Latency::new())),
                         Way::PingPong => Ok((pingpong(&addr, size, n, rep as u64, true)?, Latency::new())),
-                        Way::Mode(m, zc) => fault_latency(&addr, m, zc, size, n, rep as u64),
+                        Way::Mode(m, install) => fault_latency(&addr, m, install, size, n, rep as u64),
                     })?;
                     let merge = |pick: fn(&(Latency, Latency)) -> &Latency| -> Vec<Latency> {
                         res.iter()
@@ -360,7 +383,7 @@ impl Experiment for DlmFault {
                     let merged = merge(|x| &x.0);
                     let wp: Vec<_> = merge(|x| &x.1).iter().map(|l| l.summary()).collect();
                     let s: Vec<_> = merged.iter().map(|l| l.summary()).collect();
-                    // s: [plain TCP, busy-poll TCP, thread, SIGBUS, SIGBUS zero-copy]
+                    // s: [plain TCP, busy-poll TCP, thread, SIGBUS, SIGBUS zero-copy, SIGBUS anonymous]
                     let best = s[2].p50_us.min(s[3].p50_us);
                     lat_table.row([
                         pl.name.to_string(),
@@ -369,6 +392,7 @@ impl Experiment for DlmFault {
                         format!("{:.1} / {:.1}", s[2].p50_us, s[2].p99_us),
                         format!("{:.1} / {:.1}", s[3].p50_us, s[3].p99_us),
                         format!("{:.1} / {:.1}", s[4].p50_us, s[4].p99_us),
+                        format!("{:.1} / {:.1}", s[5].p50_us, s[5].p99_us),
                         format!("{:.2}", ratio(best, s[0].p50_us)),
                         format!("{:.2}", ratio(best, s[1].p50_us)),
                         format!("{:.1} / {:.1}", wp[2].p50_us, wp[3].p50_us),
@@ -384,6 +408,18 @@ impl Experiment for DlmFault {
                         report.figure(&format!("fault_sigbus_{k}k_us"), s[3].p50_us);
                         report.figure(&format!("fault_sigbus_{k}k_p99_us"), s[3].p99_us);
                         report.figure(&format!("fault_sigbus_zero_copy_{k}k_us"), s[4].p50_us);
+                        report.figure(&format!("fault_sigbus_anonymous_{k}k_us"), s[5].p50_us);
+                        // What memfd areas (sampled reference bits) cost per fault, worst size.
+                        let r = ratio(s[3].p50_us, s[5].p50_us);
+                        let worst = report.summary.get("memfd_vs_anonymous_fault_max").and_then(|v| v.as_f64());
+                        if worst.is_none_or(|w| r > w) {
+                            report.figure("memfd_vs_anonymous_fault_max", r);
+                        }
+                        let r = ratio(s[5].p50_us, s[1].p50_us);
+                        let worst = report.summary.get("fault_anonymous_vs_busy_pingpong_max").and_then(|v| v.as_f64());
+                        if worst.is_none_or(|w| r > w) {
+                            report.figure("fault_anonymous_vs_busy_pingpong_max", r);
+                        }
                         report.figure(&format!("first_write_sigbus_{k}k_us"), wp[3].p50_us);
                         // The worst unit size against the like-for-like baseline (issue 9).
                         let r = ratio(s[3].p50_us, s[1].p50_us);
@@ -401,7 +437,7 @@ impl Experiment for DlmFault {
                         }
                     }
                     data.push(
-                        json!({"placement": pl.name, "size": size, "pingpong_plain": s[0], "pingpong_busy_poll": s[1], "thread": s[2], "sigbus": s[3], "sigbus_zero_copy": s[4]}),
+                        json!({"placement": pl.name, "size": size, "pingpong_plain": s[0], "pingpong_busy_poll": s[1], "thread": s[2], "sigbus": s[3], "sigbus_zero_copy": s[4], "sigbus_anonymous": s[5]}),
                     );
                 }
                 if pl.name == placements[0].name {
@@ -414,8 +450,8 @@ impl Experiment for DlmFault {
                 let mut tcp = Vec::new();
                 let mut stream_stats = Vec::new();
                 for _ in 0..reps {
-                    for (i, &(m, zc)) in stream_modes.iter().enumerate() {
-                        let (g, st) = stream_dlm(&addr, m, zc, stream_bytes)?;
+                    for (i, &(m, install)) in stream_modes.iter().enumerate() {
+                        let (g, st) = stream_dlm(&addr, m, install, stream_bytes)?;
                         dlm_gbps[i].push(g);
                         stream_stats.push(st);
                         ctx.tick();
@@ -426,6 +462,7 @@ impl Experiment for DlmFault {
                 let thread = Summary::of(&dlm_gbps[0]);
                 let sigbus = Summary::of(&dlm_gbps[1]);
                 let sigbus_zc = Summary::of(&dlm_gbps[2]);
+                let sigbus_anon = Summary::of(&dlm_gbps[3]);
                 let tcp = Summary::of(&tcp);
                 let mc = memcpy_gbps(stream_bytes.min(256 << 20));
                 let best = thread.median.max(sigbus.median);
@@ -434,6 +471,7 @@ impl Experiment for DlmFault {
                     format!("{:.2}", thread.median),
                     format!("{:.2}", sigbus.median),
                     format!("{:.2}", sigbus_zc.median),
+                    format!("{:.2}", sigbus_anon.median),
                     format!("{:.2}", tcp.median),
                     format!("{mc:.2}"),
                     format!("{:.2}", ratio(best, tcp.median)),
@@ -445,12 +483,14 @@ impl Experiment for DlmFault {
                     report.figure("stream_thread_gbps", thread.median);
                     report.figure("stream_sigbus_zero_copy_gbps", sigbus_zc.median);
                     report.figure("stream_zero_copy_vs_tcp_ratio", ratio(sigbus_zc.median, tcp.median));
+                    report.figure("stream_sigbus_anonymous_gbps", sigbus_anon.median);
+                    report.figure("stream_anonymous_vs_tcp_ratio", ratio(sigbus_anon.median, tcp.median));
                     report.figure("tcp_stream_gbps", tcp.median);
                     report.figure("memcpy_gbps", mc);
                     report.figure("placement", format!("client cpu {}, server cpu {}", pl.client, pl.server));
                 }
                 data.push(json!({"placement": pl.name, "client_cpu": pl.client, "server_cpu": pl.server,
-                    "stream_thread_gbps": dlm_gbps[0], "stream_sigbus_gbps": dlm_gbps[1], "stream_sigbus_zero_copy_gbps": dlm_gbps[2], "tcp_gbps": tcp, "memcpy_gbps": mc,
+                    "stream_thread_gbps": dlm_gbps[0], "stream_sigbus_gbps": dlm_gbps[1], "stream_sigbus_zero_copy_gbps": dlm_gbps[2], "stream_sigbus_anonymous_gbps": dlm_gbps[3], "tcp_gbps": tcp, "memcpy_gbps": mc,
                     "stream_stats": stream_stats}));
                 let stats = server.stop()?;
                 data.push(json!({"placement": pl.name, "server_stats": stats.trim()}));
@@ -477,7 +517,9 @@ impl Experiment for DlmFault {
              fault_vs_busy_pingpong_max: the fault path's own overhead with the network cost held \
              equal; target ≤ 1.3). 'zero-copy' = \
              Config::zero_copy (memfd area, reply received into its page cache, UFFDIO_CONTINUE), \
-             measured in the same run as the default UFFDIO_COPY path. The machine's 2 cores \
+             'anonymous' = Config::sample_references off (anonymous memory: faster installs, but \
+             eviction sees no reads; memfd_vs_anonymous_fault_max is what the default's reference \
+             sampling costs per fault), both measured in the same run as the default UFFDIO_COPY path. The machine's 2 cores \
              are shared with other work: expect noise.",
         );
         Ok(report)
