@@ -54,18 +54,21 @@ pub struct Config {
     pub fault_mode: FaultMode,
     /// Most units requested ahead of a sequential stream of faults (0: no read-ahead).
     pub readahead: usize,
-    /// userfaultfd modes: receive replies straight into the area's memfd page cache, mapped
-    /// with UFFDIO_CONTINUE (no second copy); false (default): UFFDIO_COPY from a buffer.
-    /// Ignored (off) when the kernel lacks shmem userfaultfd. Faster only for small units on a
-    /// client with a core to spare (runtime.rs). Areas are shared memfd mappings either way:
-    /// a child made by fork(2) shares them with its parent instead of getting a copy (see
-    /// `dont_fork`).
+    /// userfaultfd modes: areas are memfd-backed and replies received straight into the
+    /// memfd's page cache, mapped with UFFDIO_CONTINUE; false (default): anonymous areas
+    /// (`move_install`). Ignored (off) when the kernel lacks shmem userfaultfd. Memfd areas are
+    /// shared mappings: a child made by fork(2) shares them with its parent instead of getting
+    /// a copy (see `dont_fork`).
     pub zero_copy: bool,
-    /// Eviction sees reads (userfaultfd modes): areas are memfd-backed so the CLOCK hand can
-    /// unmap a unit and keep its data, and the unit's next access sets its reference bit
-    /// (runtime.rs, "Reference bits"). false: anonymous memory — each fault installs faster
-    /// (no page cache; `pagewise eval dlm-fault` measures the difference) but eviction sees
-    /// only faults and first writes, which makes it FIFO by fault time.
+    /// Anonymous areas (kernels with UFFDIO_MOVE): units of 64 KiB or more are received into
+    /// the area's shadow and moved into the program's view, reusing the frames of evicted
+    /// units (runtime/frames.rs); false: copied in from a buffer with UFFDIO_COPY, which
+    /// allocates every page (`pagewise eval dlm-fault` compares the two).
+    pub move_install: bool,
+    /// Eviction sees reads: the CLOCK hand unmaps a unit when it gives it a second chance,
+    /// keeping its data (in the area's shadow, or its memfd), and the unit's next access sets
+    /// its reference bit (runtime.rs, "Reference bits"). false: eviction sees only faults and
+    /// first writes, which makes it FIFO by fault time.
     pub sample_references: bool,
     /// Tune the set count over windows of time while no loop is measured (programs without
     /// `dlm_start`/`dlm_end`, `pagewise run --page-size auto`). Loops are tuned regardless.
@@ -96,6 +99,7 @@ impl Default for Config {
             fault_mode: FaultMode::Auto,
             readahead: 32,
             zero_copy: false,
+            move_install: true,
             sample_references: true,
             auto_tune: false,
             min_set: 1,
@@ -127,8 +131,8 @@ pub fn parse_size(s: &str) -> Result<usize, DlmError> {
 impl Config {
     /// Read `PAGEWISE_DLM_SERVERS` (required), `PAGEWISE_DLM_LOCAL_MEM`, `PAGEWISE_DLM_PAGE_SIZE`,
     /// `PAGEWISE_DLM_MAX_SET`, `PAGEWISE_DLM_SET_COUNT`, `PAGEWISE_DLM_FAULT_MODE`,
-    /// `PAGEWISE_DLM_READAHEAD`, `PAGEWISE_DLM_ZERO_COPY` (0/1), `PAGEWISE_DLM_REFERENCES` (0/1:
-    /// `sample_references`), `PAGEWISE_DLM_AUTO_TUNE` (0/1),
+    /// `PAGEWISE_DLM_READAHEAD`, `PAGEWISE_DLM_ZERO_COPY` (0/1), `PAGEWISE_DLM_MOVE` (0/1:
+    /// `move_install`), `PAGEWISE_DLM_REFERENCES` (0/1: `sample_references`), `PAGEWISE_DLM_AUTO_TUNE` (0/1),
     /// `PAGEWISE_DLM_MIN_SET`, `PAGEWISE_DLM_TUNE_WINDOW_MS`, `PAGEWISE_DLM_DECISIONS` (a file),
     /// `PAGEWISE_DLM_FAULT_TIMEOUT_MS` (0: none), `PAGEWISE_DLM_DONTFORK` (0/1) through `get`.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, DlmError> {
@@ -160,6 +164,9 @@ impl Config {
         }
         if let Some(v) = get("PAGEWISE_DLM_ZERO_COPY") {
             c.zero_copy = num("PAGEWISE_DLM_ZERO_COPY", v)? != 0;
+        }
+        if let Some(v) = get("PAGEWISE_DLM_MOVE") {
+            c.move_install = num("PAGEWISE_DLM_MOVE", v)? != 0;
         }
         if let Some(v) = get("PAGEWISE_DLM_REFERENCES") {
             c.sample_references = num("PAGEWISE_DLM_REFERENCES", v)? != 0;

@@ -82,7 +82,14 @@ use pagewise_kernel::mem::{madvise, memfd_create, mprotect, Advice, MapOptions, 
 use pagewise_kernel::uffd::{feature, RegisterMode, Uffd, UffdBuilder};
 
 mod fault;
+mod frames;
 mod remote;
+
+use frames::Frames;
+
+/// Smallest unit received into the shadow and moved in: below it one UFFDIO_COPY costs less
+/// than reading the thread count, a move and a write-protect.
+const MOVE_MIN: usize = 64 << 10;
 
 use crate::clock::Clock;
 use crate::config::{Config, FaultMode};
@@ -90,6 +97,9 @@ use crate::layout::Layout;
 use crate::proto::{Header, Opcode};
 use crate::transport::TcpTransport;
 use crate::DlmError;
+
+/// A second mapping of an area's memfd, and the memfd.
+type MemfdView = (Mapping, OwnedFd);
 
 /// Page table value: not resident.
 const NONE: u32 = u32::MAX;
@@ -122,6 +132,8 @@ pub struct Stats {
     pub second_chances: u64,
     /// Accesses to armed units: each a reference the eviction policy saw.
     pub reference_faults: u64,
+    /// Units installed by moving their received pages into the program's view (`frames.rs`).
+    pub moved_units: u64,
     /// Units fetched from a home (demand and read-ahead).
     pub fetched_units: u64,
     pub fetched_bytes: u64,
@@ -167,12 +179,19 @@ struct Area {
     /// Zero-copy userfaultfd mode: the runtime's own read-write view of the memfd behind the
     /// program's view (not registered with the userfaultfd), and the memfd.
     alias: Option<(Mapping, OwnedFd)>,
+    /// Anonymous areas with UFFDIO_MOVE: the runtime's private mapping of the area's size,
+    /// where replies are received, armed units wait and kept frames lie (`frames.rs`).
+    shadow: Option<Mapping>,
 }
 
 pub(crate) struct State {
     conns: Vec<Conn>,
     areas: Vec<Option<Area>>,
     clock: Clock<Entry>,
+    /// Frames of evicted units kept for the next fetch (shadow areas).
+    frames: Frames,
+    /// `Inner::sole_program_thread`, found once per holding of the lock.
+    sole_thread: Option<bool>,
     set_count: u32,
     resident: usize,
     buf: Vec<u8>,
@@ -189,6 +208,10 @@ pub(crate) struct Inner {
     memfd: bool,
     /// Replies are received into the memfd's page cache and mapped with UFFDIO_CONTINUE.
     zero_copy: bool,
+    /// The userfaultfd has UFFDIO_MOVE: anonymous areas get a shadow (`frames.rs`).
+    moving: bool,
+    /// This process's thread count (`Inner::sole_program_thread`).
+    threads: Option<pagewise_kernel::procfs::ThreadCount>,
     uffd: Option<Uffd>,
     state: Mutex<State>,
     stop: AtomicBool,
@@ -219,7 +242,8 @@ static INITIALISED: AtomicBool = AtomicBool::new(false);
 /// (e.g. container seccomp profiles) where userfaultfd cannot be opened at all.
 fn open_uffd(mode: FaultMode, shmem: bool) -> Result<(Uffd, bool), pagewise_kernel::Error> {
     let builder = |user_mode_only: bool| {
-        let mut b = UffdBuilder::new().require(feature::PAGEFAULT_FLAG_WP).user_mode_only(user_mode_only);
+        let mut b =
+            UffdBuilder::new().require(feature::PAGEFAULT_FLAG_WP).want(feature::MOVE).user_mode_only(user_mode_only);
         if shmem {
             b = b.require(feature::MISSING_SHMEM | feature::MINOR_SHMEM | feature::WP_HUGETLBFS_SHMEM);
         }
@@ -252,11 +276,12 @@ impl Dlm {
     }
 
     fn start(cfg: Config) -> Result<Dlm, DlmError> {
-        // Memfd-backed areas need shmem userfaultfd (MISSING, MINOR and WP on shmem); without
-        // it, or when neither reference bits nor zero-copy are wanted, areas are anonymous
-        // memory.
+        // Areas are anonymous memory with a shadow when the kernel has UFFDIO_MOVE (armed
+        // units wait in the shadow). They are memfd-backed — shmem userfaultfd (MISSING, MINOR
+        // and WP on shmem) — for zero-copy, and for reference sampling without UFFDIO_MOVE.
+        let has_move = pagewise_kernel::uffd::api_info().is_ok_and(|i| i.features & feature::MOVE != 0);
         let open = |m: FaultMode| -> Result<(Uffd, bool, bool), pagewise_kernel::Error> {
-            if cfg.sample_references || cfg.zero_copy {
+            if cfg.zero_copy || (cfg.sample_references && !has_move) {
                 if let Ok((u, umo)) = open_uffd(m, true) {
                     return Ok((u, umo, true));
                 }
@@ -288,6 +313,8 @@ impl Dlm {
             });
         }
         let zero_copy = memfd && cfg.zero_copy;
+        let moving = !memfd && uffd.as_ref().is_some_and(|u| u.has(feature::MOVE));
+        let threads = if moving { pagewise_kernel::procfs::ThreadCount::open().ok() } else { None };
         let max_units = cfg.local_mem / cfg.base_page + 1;
         let tuner = crate::tune::TunerConfig {
             base_page: cfg.base_page,
@@ -300,16 +327,19 @@ impl Dlm {
             conns,
             areas: Vec::new(),
             clock: Clock::with_capacity(max_units),
+            frames: Frames::with_capacity(1024),
+            sole_thread: None,
             set_count: cfg.set_count,
             resident: 0,
             buf: vec![0u8; cfg.block()],
             zeros: vec![0u8; cfg.block()],
             stats: Stats {
                 mode: mode.name(),
-                install: match (mode, zero_copy) {
-                    (FaultMode::Sigsegv, _) => "mprotect",
-                    (_, true) => "continue",
-                    (_, false) => "copy",
+                install: match (mode, zero_copy, moving) {
+                    (FaultMode::Sigsegv, ..) => "mprotect",
+                    (_, true, _) => "continue",
+                    (_, false, true) if cfg.move_install => "move",
+                    (_, false, _) => "copy",
                 },
                 uffd_user_mode_only: user_mode_only,
                 base_page: cfg.base_page,
@@ -323,6 +353,8 @@ impl Dlm {
             mode,
             memfd,
             zero_copy,
+            moving,
+            threads,
             uffd,
             state: Mutex::new(state),
             stop: AtomicBool::new(false),
@@ -390,7 +422,7 @@ impl Dlm {
         if layout.pages >= INFLIGHT as usize {
             return Err(DlmError::Config(format!("allocation of {len} bytes has too many pages")));
         }
-        let (view, staging, alias) = if let Some(addr) = at {
+        let (view, staging, alias): (Mapping, Option<MemfdView>, Option<MemfdView>) = if let Some(addr) = at {
             let opts = MapOptions { noreserve: true, ..Default::default() };
             // SAFETY: alloc_at's contract: the caller owns [addr, addr+len), and bytes == len
             // (len is whole largest units).
@@ -430,6 +462,19 @@ impl Dlm {
                 madvise(m.addr(), bytes, Advice::DontFork)?;
             }
         }
+        let shadow = if self.inner.moving && staging.is_none() && alias.is_none() {
+            let m = Mapping::anonymous(bytes, &MapOptions { noreserve: true, ..Default::default() })?;
+            madvise(m.addr(), bytes, Advice::NoHugePage)?;
+            // A fork's copy-on-write pages cannot be moved; the child has no use for them.
+            madvise(m.addr(), bytes, Advice::DontFork)?;
+            // UFFDIO_MOVE needs its destination registered; WP mode only, so that receiving
+            // into a not yet populated part is an ordinary fault the kernel serves itself.
+            let uffd = self.inner.uffd.as_ref().expect("moving implies a uffd");
+            uffd.register(m.addr(), bytes, RegisterMode { missing: false, write_protect: true, minor: false })?;
+            Some(m)
+        } else {
+            None
+        };
         let mut regions = vec![0u32; st.conns.len()];
         for s in 0..st.conns.len() {
             let pages = layout.region_pages(s);
@@ -466,6 +511,7 @@ impl Dlm {
             _view: view,
             staging,
             alias,
+            shadow,
         };
         // A freed slot is reused: free_locked drained every reply and CLOCK entry naming it.
         match st.areas.iter().position(|a| a.is_none()) {
@@ -669,7 +715,9 @@ impl Drop for Dlm {
 
 impl Inner {
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.sole_thread = None;
+        st
     }
 
     fn free_locked(&self, st: &mut State, addr: usize) -> Result<(), DlmError> {
@@ -693,6 +741,10 @@ impl Inner {
             }
         }
         let area = st.areas[idx].take().expect("present");
+        if let Some(sh) = &area.shadow {
+            // Unmapped with the area below.
+            st.frames.remove_within(sh.addr(), area.len, |_, _| {});
+        }
         if let Some(u) = &self.uffd {
             let _ = u.unregister(area.addr, area.len);
         }
@@ -719,10 +771,12 @@ impl Inner {
     fn make_room(&self, st: &mut State, bytes: usize) {
         let mut run = Run::default();
         while st.resident + bytes > self.cfg.local_mem {
-            let State { clock, areas, stats, .. } = &mut *st;
+            let State { clock, areas, stats, frames, .. } = &mut *st;
             let b = self.cfg.base_page;
+            let sample = self.cfg.sample_references;
             let victim = clock.victim(|e| {
-                if !e.armed && arm(areas[e.area as usize].as_ref().expect("live area"), e, b, &mut run) {
+                let a = areas[e.area as usize].as_ref().expect("live area");
+                if sample && !e.armed && self.arm(a, e, b, &mut run, frames) {
                     e.armed = true;
                     stats.second_chances += 1;
                 }
@@ -784,7 +838,10 @@ impl Inner {
             // armed unit is unmapped (it would fault).
             let own = {
                 let a = st.areas[ai].as_ref().expect("live");
-                a.alias.as_ref().or(a.staging.as_ref()).map_or(start, |(m, _)| m.addr() + first * b)
+                match (&a.shadow, e.armed) {
+                    (Some(sh), true) => sh.addr() + first * b,
+                    _ => a.alias.as_ref().or(a.staging.as_ref()).map_or(start, |(m, _)| m.addr() + first * b),
+                }
             };
             // SAFETY: [own, own+len) maps the unit's resident pages, now write-protected in
             // the program's view; reading does not fault and nobody can change them until
@@ -798,12 +855,26 @@ impl Inner {
             a.home_written[first..first + count].iter_mut().for_each(|w| *w = true);
         }
         let a = st.areas[ai].as_mut().expect("live");
-        let r = match (&a.staging, &a.alias) {
-            (Some((stage, _)), _) => mprotect(start, len, Protection::None)
+        let shadow = a.shadow.as_ref().map(|m| m.addr() + first * b);
+        let mut kept = None;
+        let r = match (&a.staging, &a.alias, shadow) {
+            (Some((stage, _)), ..) => mprotect(start, len, Protection::None)
                 .and_then(|_| madvise(stage.addr() + first * b, len, Advice::Remove)),
             // Punching the pages out of the memfd unmaps them from both views and frees them.
-            (None, Some((alias, _))) => madvise(alias.addr() + first * b, len, Advice::Remove),
-            (None, None) => {
+            (None, Some((alias, _)), _) => madvise(alias.addr() + first * b, len, Advice::Remove),
+            // An armed unit's pages wait in the shadow already.
+            (None, None, Some(sh)) if e.armed => {
+                kept = Some(sh);
+                Ok(())
+            }
+            // Frames big enough to receive a unit into go to the shadow, to be reused.
+            (None, None, Some(sh)) if len >= MOVE_MIN && self.cfg.move_install => {
+                st.frames.remove_within(sh, len, free_frames);
+                kept = Some(sh);
+                let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
+                uffd.move_pages(sh, start, len, false, true)
+            }
+            (None, None, _) => {
                 run.add(start, len);
                 Ok(())
             }
@@ -811,8 +882,79 @@ impl Inner {
         if let Err(err) = r {
             crate::fatal(format_args!("pagewise dlm: dropping {start:#x}+{len:#x} failed: {err}"));
         }
+        let a = st.areas[ai].as_mut().expect("live");
         a.slot[first..first + count].iter_mut().for_each(|s| *s = NONE);
         st.resident -= len;
+        if let Some(sh) = kept {
+            self.keep_frames(st, sh, len);
+        }
+    }
+
+    /// Keep the shadow frames `[addr, addr + len)` for the next fetch, or free them when the
+    /// resident set plus the kept frames would exceed the local limit.
+    fn keep_frames(&self, st: &mut State, addr: usize, len: usize) {
+        if st.resident + st.frames.bytes() + len > self.cfg.local_mem || !st.frames.push(addr, len) {
+            free_frames(addr, len);
+        }
+    }
+
+    /// Fill `[dst, dst + len)`, a unit's place in its area's shadow, with kept frames (moved
+    /// there) and fresh pages for the rest, so that the reply is received into pages that
+    /// exist. Runs while the request travels.
+    fn gather_frames(&self, st: &mut State, dst: usize, len: usize) {
+        // The unit's own frames, left where it was evicted from: already in place.
+        if st.frames.take_exact(dst, len) {
+            return;
+        }
+        st.frames.remove_within(dst, len, free_frames);
+        let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
+        let mut off = 0;
+        while off < len {
+            let Some((src, n)) = st.frames.pop(len - off) else { break };
+            if let Err(err) = uffd.move_pages(dst + off, src, n, false, true) {
+                crate::fatal(format_args!("pagewise dlm: reusing frames {src:#x}+{n:#x} failed: {err}"));
+            }
+            off += n;
+        }
+        if off < len {
+            if let Err(err) = madvise(dst + off, len - off, Advice::PopulateWrite) {
+                crate::fatal(format_args!("pagewise dlm: allocating {:#x}+{:#x} failed: {err}", dst + off, len - off));
+            }
+        }
+    }
+
+    /// Whether the program cannot touch memory while the runtime holds its lock: the program
+    /// has one thread, and it is the one in the runtime (or waiting on the fault the handler
+    /// thread serves). Only then may a clean unit be moved in — moved pages arrive writable
+    /// and are write-protected just after (`frames.rs`). Found once per holding of the lock:
+    /// a program with one thread cannot start another while that thread is in here.
+    pub(super) fn sole_program_thread(&self, st: &mut State) -> bool {
+        let own = if self.mode == FaultMode::HandlerThread { 2 } else { 1 };
+        *st.sole_thread
+            .get_or_insert_with(|| self.threads.as_ref().and_then(|t| t.get().ok()).is_some_and(|n| n <= own))
+    }
+
+    /// Map the shadow's `[src, src + len)` at `[dst, dst + len)` in the program's view,
+    /// write-protected unless `dirty`: moved when nothing can write to it meanwhile, else
+    /// copied (UFFDIO_COPY mode WP) and the shadow frames kept.
+    pub(super) fn move_in(&self, st: &mut State, dst: usize, src: usize, len: usize, dirty: bool) {
+        let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
+        let r = if dirty || self.sole_program_thread(st) {
+            st.stats.moved_units += 1;
+            uffd.move_pages(dst, src, len, false, false)
+                // Protecting never wakes (fs/userfaultfd.c wakes only on un-protecting).
+                .and_then(|()| if dirty { Ok(()) } else { uffd.write_protect(dst, len, true, true) })
+                .and_then(|()| uffd.wake(dst, len))
+        } else {
+            // SAFETY: the shadow range is populated (received into, or an armed unit's pages)
+            // and readable.
+            let r = unsafe { uffd.copy(dst, src as *const u8, len, true, true) }.map(|_| ());
+            self.keep_frames(st, src, len);
+            r
+        };
+        if let Err(err) = r {
+            crate::fatal(format_args!("pagewise dlm: installing {dst:#x}+{len:#x} failed: {err}"));
+        }
     }
 
     /// Request the non-resident pages of unit [first, first+count) of area `ai` (zeros are
@@ -838,8 +980,12 @@ impl Inner {
         }
         let a = st.areas[ai].as_mut().expect("live");
         let needs_home = (first..first + count).any(|p| a.slot[p] == NONE && a.home_written[p]);
-        // Zero-copy needs the whole unit missing: the reply then lands in its page cache as is.
-        let direct = self.zero_copy && a.alias.is_some() && missing == count;
+        // Receiving in place needs the whole unit missing: the reply then lands in its page
+        // cache (zero-copy) or its place in the shadow (moved in after) as is.
+        let zero_copy = self.zero_copy && a.alias.is_some();
+        let to_shadow = self.cfg.move_install && a.shadow.is_some() && count * b >= MOVE_MIN;
+        let direct = missing == count && (zero_copy || to_shadow && self.sole_program_thread(st));
+        let a = st.areas[ai].as_mut().expect("live");
         for p in first..first + count {
             if a.slot[p] == NONE {
                 a.slot[p] = INFLIGHT;
@@ -865,11 +1011,15 @@ impl Inner {
             st.flush(srv, start, count * b);
         }
         if direct {
-            // While the request travels, allocate the unit's page-cache pages through the alias
-            // so the reply is received into them without page faults.
-            let alias = st.areas[ai].as_ref().and_then(|a| a.alias.as_ref()).expect("zero-copy area").0.addr();
-            if let Err(e) = madvise(alias + first * b, count * b, Advice::PopulateWrite) {
-                crate::fatal(format_args!("pagewise dlm: allocating {start:#x}+{:#x} failed: {e}", count * b));
+            // While the request travels, make the pages the reply is received into exist.
+            let a = st.areas[ai].as_ref().expect("live");
+            if let Some(sh) = a.shadow.as_ref().map(|m| m.addr() + first * b) {
+                self.gather_frames(st, sh, count * b);
+            } else {
+                let alias = a.alias.as_ref().expect("zero-copy area").0.addr();
+                if let Err(e) = madvise(alias + first * b, count * b, Advice::PopulateWrite) {
+                    crate::fatal(format_args!("pagewise dlm: allocating {start:#x}+{:#x} failed: {e}", count * b));
+                }
             }
         }
         if readahead {
@@ -899,6 +1049,12 @@ impl Inner {
             let a = st.areas[ai].as_ref().expect("live");
             let dst = a.addr + run_start * b;
             let r = match (&self.uffd, &a.staging) {
+                // The data is in the unit's place in the shadow: move it in.
+                (Some(_), _) if matches!(data, Fill::InPlace) && a.shadow.is_some() => {
+                    let src = a.shadow.as_ref().expect("checked").addr() + run_start * b;
+                    self.move_in(st, dst, src, n * b, false);
+                    Ok(())
+                }
                 // The data is already in the memfd's page cache: map it, write-protected.
                 (Some(u), _) if matches!(data, Fill::InPlace) => u.continue_wp(dst, n * b, true, true),
                 (Some(u), _) => {
@@ -927,13 +1083,36 @@ impl Inner {
     }
 }
 
-/// Arm unit `e` of area `a`: unmap it from the program's view, keeping its data, so that the
-/// next access faults (`Inner::serve` then counts the reference and maps it again). Memfd
-/// areas: their program-view range joins `run` (MADV_DONTNEED of a shared mapping drops the
-/// page-table entries only). SIGSEGV areas: PROT_NONE. Anonymous areas cannot be armed (their
-/// only copy of the data is what would be dropped): false.
-fn arm(a: &Area, e: &Entry, b: usize, run: &mut Run) -> bool {
-    let (start, len) = (a.addr + e.first as usize * b, e.count as usize * b);
+impl Inner {
+    /// Arm unit `e` of area `a` (module doc, "Reference bits"): unmap it from the program's
+    /// view, keeping its data, so that its next access faults. Shadow areas: its pages are
+    /// moved to its place in the shadow. Memfd areas: its program-view range joins `run`
+    /// (MADV_DONTNEED of a shared mapping drops the page-table entries only). SIGSEGV areas:
+    /// PROT_NONE. Other anonymous areas cannot be armed (their only copy of the data is what
+    /// would be dropped): false.
+    fn arm(&self, a: &Area, e: &Entry, b: usize, run: &mut Run, frames: &mut Frames) -> bool {
+        let (start, len) = (a.addr + e.first as usize * b, e.count as usize * b);
+        if let Some(sh) = a.shadow.as_ref().map(|m| m.addr() + e.first as usize * b) {
+            frames.remove_within(sh, len, free_frames);
+            let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
+            if let Err(err) = uffd.move_pages(sh, start, len, false, true) {
+                crate::fatal(format_args!("pagewise dlm: arming {start:#x}+{len:#x} failed: {err}"));
+            }
+            return true;
+        }
+        arm_mapped(a, start, len, run)
+    }
+}
+
+/// Free kept frames (MADV_DONTNEED on the shadow).
+fn free_frames(addr: usize, len: usize) {
+    if let Err(err) = madvise(addr, len, Advice::DontNeed) {
+        crate::fatal(format_args!("pagewise dlm: freeing frames {addr:#x}+{len:#x} failed: {err}"));
+    }
+}
+
+/// `Inner::arm` for areas without a shadow.
+fn arm_mapped(a: &Area, start: usize, len: usize, run: &mut Run) -> bool {
     if a.alias.is_some() {
         run.add(start, len);
         true

@@ -57,7 +57,12 @@ fn scenario(mode: FaultMode, zero_copy: bool) {
     let install = dlm.stats().install;
     match (mode, zero_copy) {
         (FaultMode::Sigsegv, _) => assert_eq!(install, "mprotect"),
-        (_, false) => assert_eq!(install, "copy"),
+        // Anonymous areas: replies moved in where the kernel has UFFDIO_MOVE.
+        (_, false) => {
+            use pagewise_kernel::uffd::{api_info, feature};
+            let expected = if api_info().is_ok_and(|i| i.features & feature::MOVE != 0) { "move" } else { "copy" };
+            assert_eq!(install, expected);
+        }
         // Zero-copy falls back to copying only on kernels without shmem userfaultfd.
         (_, true) => {
             use pagewise_kernel::uffd::{api_info, feature};
@@ -123,11 +128,90 @@ fn scenario(mode: FaultMode, zero_copy: bool) {
     println!("SCENARIO-OK");
 }
 
+/// One program thread: the runtime moves received pages into the program's view (the
+/// multi-threaded scenario copies them) and write-protects clean units just after. Random reads
+/// and writes, unit-size changes and evictions; every chunk checked at the end.
+fn scenario_single_thread(mode: FaultMode) {
+    let servers: Vec<String> = std::env::var("DLM_TEST_SERVERS").unwrap().split(',').map(String::from).collect();
+    let area: usize = std::env::var("DLM_TEST_AREA").unwrap().parse().unwrap();
+    let cfg = Config {
+        servers,
+        local_mem: area / 16,
+        base_page: 16 << 10,
+        max_set: 8,
+        set_count: 8,
+        fault_mode: mode,
+        readahead: 16,
+        ..Config::default()
+    };
+    let dlm = Dlm::init(cfg).expect("init");
+    let threads = pagewise_kernel::procfs::ThreadCount::open().unwrap().get().unwrap();
+    let own = if mode == FaultMode::HandlerThread { 2 } else { 1 };
+    assert_eq!(threads, own, "the scenario needs one program thread");
+    let base = dlm.alloc(area).expect("alloc") as usize;
+    let chunks = area / CHUNK;
+    let mut versions = vec![0u64; chunks];
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(11);
+    for (i, s) in [8u32, 4, 8, 2, 8].into_iter().enumerate() {
+        dlm.set_count(s).unwrap();
+        for k in 0..4000 {
+            // Half the time near the previous chunk (reuse), else anywhere.
+            let c = if k % 2 == 0 { rng.random_range(0..chunks) } else { (k * 7 + i) % (chunks / 8) };
+            check(base, c, versions[c]);
+            if rng.random_bool(0.5) {
+                versions[c] += 1;
+                fill(base, c, versions[c]);
+            }
+        }
+        dlm.audit().unwrap();
+    }
+    for (c, &v) in versions.iter().enumerate() {
+        check(base, c, v);
+    }
+    let st = dlm.stats();
+    eprintln!("stats: {}", serde_json::to_string(&st).unwrap());
+    assert_eq!(st.install, "move");
+    assert!(st.moved_units > 0 && st.writebacks > 0 && st.reference_faults > 0, "{st:?}");
+    dlm.free(base as *mut u8).unwrap();
+}
+
 fn run(mode: FaultMode, zero_copy: bool, name: &str) {
     if in_child() {
         scenario(mode, zero_copy);
         return;
     }
+    run_parent(name);
+}
+
+/// Run `scenario_single_thread` in a process with one thread: libtest runs each test on a
+/// thread of its own, so the child forks and the grandchild (only the forking thread) runs it.
+fn run_single_thread(mode: FaultMode, name: &str) {
+    if !in_child() {
+        return run_parent(name);
+    }
+    use pagewise_kernel::uffd::{api_info, feature};
+    if !api_info().is_ok_and(|i| i.features & feature::MOVE != 0) {
+        pagewise_kernel::testing::skip("userfaultfd lacks UFFDIO_MOVE (Linux 6.8)");
+        println!("SCENARIO-OK");
+        return;
+    }
+    // SAFETY: the grandchild runs only the scenario, then _exit; the other thread of this
+    // process (libtest's main thread) waits for this one and holds no lock the scenario needs.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        let ok = std::panic::catch_unwind(|| scenario_single_thread(mode)).is_ok();
+        // SAFETY: ends the grandchild without running the parent's exit handlers.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "single-thread scenario failed: {status:#x}");
+    println!("SCENARIO-OK");
+}
+
+fn run_parent(name: &str) {
     let servers: Vec<ServerProc> = (0..3).map(|_| ServerProc::start("1G")).collect();
     let addrs = servers.iter().map(|s| s.addr.clone()).collect::<Vec<_>>().join(",");
     let out = run_child(name, &[("DLM_TEST_SERVERS", addrs), ("DLM_TEST_AREA", (256usize << 20).to_string())]);
@@ -166,4 +250,14 @@ fn integrity_sigbus_copy() {
 #[test]
 fn integrity_sigsegv_fallback() {
     run(FaultMode::Sigsegv, true, "integrity_sigsegv_fallback");
+}
+
+#[test]
+fn integrity_single_thread_sigbus() {
+    run_single_thread(FaultMode::Sigbus, "integrity_single_thread_sigbus");
+}
+
+#[test]
+fn integrity_single_thread_handler_thread() {
+    run_single_thread(FaultMode::HandlerThread, "integrity_single_thread_handler_thread");
 }

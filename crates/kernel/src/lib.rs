@@ -16,6 +16,7 @@ pub mod cpu;
 pub mod error;
 pub mod fd;
 pub mod features;
+pub mod fork;
 pub mod guard;
 pub mod mem;
 pub mod net;

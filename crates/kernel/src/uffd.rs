@@ -378,12 +378,31 @@ impl Uffd {
     /// with this userfaultfd, both ranges private anonymous and writable, and the pages not
     /// shared (a fork's copy-on-write pages fail with EBUSY). The pages arrive writable
     /// (mm/userfaultfd.c builds the new entry with pte_mkwrite): write-protect them after, if
-    /// needed. Returns the bytes moved.
-    pub fn move_pages(&self, dst: usize, src: usize, len: usize, wake: bool) -> Result<usize> {
-        let mut m = UffdioMove { dst: dst as u64, src: src as u64, len: len as u64, mode: !wake as u64, copy: 0 };
-        // SAFETY: m is a valid uffdio_move; the kernel checks both ranges.
-        check(unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_MOVE as _, &mut m) }, "ioctl(UFFDIO_MOVE)")?;
-        Ok(m.copy as usize)
+    /// needed. `allow_src_holes`: pages missing in the source leave holes (else ENOENT).
+    /// EAGAIN (a page briefly locked) is retried for the rest of the range.
+    pub fn move_pages(&self, dst: usize, src: usize, len: usize, wake: bool, allow_src_holes: bool) -> Result<()> {
+        let mut done = 0;
+        let mut retries = 0;
+        while done < len {
+            let mut m = UffdioMove {
+                dst: (dst + done) as u64,
+                src: (src + done) as u64,
+                len: (len - done) as u64,
+                mode: (!wake as u64) | ((allow_src_holes as u64) << 1),
+                copy: 0,
+            };
+            // SAFETY: m is a valid uffdio_move; the kernel checks both ranges.
+            if unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_MOVE as _, &mut m) } == 0 {
+                return Ok(());
+            }
+            let err = Error::last_os("ioctl(UFFDIO_MOVE)");
+            retries += 1;
+            if err.errno() != Some(libc::EAGAIN) || retries > 1000 {
+                return Err(err);
+            }
+            done += m.copy.max(0) as usize;
+        }
+        Ok(())
     }
 
     /// Map zero pages into a missing range.
@@ -589,14 +608,14 @@ mod tests {
         uffd.register(dst.addr(), len, RegisterMode { missing: true, write_protect: true, minor: false }).unwrap();
         // SAFETY: src is ours and read-write.
         unsafe { std::ptr::write_bytes(src.addr() as *mut u8, 0x3C, len) };
-        assert_eq!(uffd.move_pages(dst.addr(), src.addr(), len, true).unwrap(), len);
+        uffd.move_pages(dst.addr(), src.addr(), len, true, false).unwrap();
         // SAFETY: dst now maps the moved pages: no fault.
         assert_eq!(unsafe { std::ptr::read_volatile((dst.addr() + len - 1) as *const u8) }, 0x3C);
         // The source is empty: its next touch is a fresh zero page.
         // SAFETY: src is ours (not registered: an ordinary fault).
         assert_eq!(unsafe { std::ptr::read_volatile((src.addr() + 5) as *const u8) }, 0);
         // Moving onto a present page is refused.
-        let err = uffd.move_pages(dst.addr(), src.addr(), 4096, true).unwrap_err();
+        let err = uffd.move_pages(dst.addr(), src.addr(), 4096, true, true).unwrap_err();
         assert!(err.to_string().contains("UFFDIO_MOVE"), "{err}");
     }
 

@@ -76,7 +76,7 @@ impl Inner {
                 entry.armed = false;
                 entry.dirty = dirty;
                 st.stats.reference_faults += 1;
-                self.map_again(start, len, dirty);
+                self.map_again(st, ai, e.first as usize, start, len, dirty);
                 return Served::Ours;
             }
             // Under SIGBUS the kind of fault is not known: a thread that faulted on an armed
@@ -185,7 +185,12 @@ impl Inner {
     }
 
     /// Map an armed unit back into the program's view: write-protected while clean.
-    fn map_again(&self, start: usize, len: usize, dirty: bool) {
+    fn map_again(&self, st: &mut State, ai: usize, first: usize, start: usize, len: usize, dirty: bool) {
+        let shadow = st.areas[ai].as_ref().expect("present").shadow.as_ref().map(|m| m.addr());
+        if let Some(sh) = shadow {
+            self.move_in(st, start, sh + first * self.cfg.base_page, len, dirty);
+            return;
+        }
         let r = match &self.uffd {
             // The unit's pages are in the memfd's page cache: a minor fault.
             Some(u) => u.continue_wp(start, len, !dirty, true),

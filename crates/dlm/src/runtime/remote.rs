@@ -125,11 +125,13 @@ impl Inner {
             return true;
         }
         if direct {
-            let alias = st.areas[ai].as_ref().and_then(|a| a.alias.as_ref()).expect("zero-copy area").0.addr();
-            // SAFETY: the alias maps the memfd read-write and covers the unit; its pages are
-            // in flight, so the program cannot see them (not mapped in its view yet) and nothing
-            // else in the runtime holds a reference to them.
-            let dst = unsafe { std::slice::from_raw_parts_mut((alias + first * b) as *mut u8, count * b) };
+            let a = st.areas[ai].as_ref().expect("live");
+            let own = a.shadow.as_ref().map(|m| m.addr()).or(a.alias.as_ref().map(|(m, _)| m.addr()));
+            let own = own.expect("a unit received in place has a shadow or an alias");
+            // SAFETY: the shadow (or the alias of the memfd) is the runtime's own read-write
+            // mapping covering the unit; the unit is in flight, so the program cannot see these
+            // pages (not mapped in its view) and nothing else in the runtime holds them.
+            let dst = unsafe { std::slice::from_raw_parts_mut((own + first * b) as *mut u8, count * b) };
             if let Err(e) = st.conns[srv].t.recv_payload(dst) {
                 st.fail(srv, &format_args!("connection lost: {e}"), start, count * b);
             }

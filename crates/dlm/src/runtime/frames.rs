@@ -1,0 +1,177 @@
+//! Page frames kept for reuse: what makes installing a unit cost a page-table update instead
+//! of an allocation, a zeroing and a copy.
+//!
+//! Measured on this machine kind (Firecracker, Linux 6.18): UFFDIO_COPY of 1 MiB into fresh
+//! anonymous pages takes about 270 µs, almost all of it allocating and charging 256 pages —
+//! about as long as the 1 MiB reply takes to arrive. UFFDIO_MOVE of the same 256 pages takes
+//! about 12 µs. So areas on anonymous memory get a *shadow*: a private anonymous mapping of the
+//! same size, not visible to the program. A reply is received straight into the unit's place
+//! in the shadow and moved into the program's view; an evicted unit's pages are moved back
+//! into the shadow and kept here, to be moved under the next unit that is fetched. Pages are
+//! allocated only while the resident set grows.
+//!
+//! A moved page arrives writable (UFFDIO_MOVE has no write-protect mode), so a clean unit is
+//! write-protected right after: a thread of the program touching the unit in between would
+//! write without the runtime noticing. The runtime therefore moves clean units in only when the
+//! program cannot run meanwhile — one program thread, which is the one waiting on this fault —
+//! and copies them (UFFDIO_COPY mode WP) otherwise (`Inner::sole_program_thread`).
+//!
+//! This file is the bookkeeping: a stack of runs of kept frames, each a range of some area's
+//! shadow. The pages of the stack plus the resident units never exceed the local limit.
+
+/// Runs of kept frames: `(address, bytes)` in shadow mappings, each populated and mapped
+/// nowhere else. Capacity is fixed up front (the fault path may run in a signal handler).
+pub(super) struct Frames {
+    runs: Vec<(usize, usize)>,
+    bytes: usize,
+}
+
+impl Frames {
+    pub(super) fn with_capacity(runs: usize) -> Self {
+        Frames { runs: Vec::with_capacity(runs), bytes: 0 }
+    }
+
+    /// Bytes kept.
+    pub(super) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Keep `[addr, addr + len)`; false when there is no room for another run (the caller
+    /// frees the pages instead).
+    pub(super) fn push(&mut self, addr: usize, len: usize) -> bool {
+        if let Some(last) = self.runs.last_mut() {
+            if last.0 + last.1 == addr {
+                last.1 += len;
+                self.bytes += len;
+                return true;
+            }
+        }
+        if self.runs.len() == self.runs.capacity() {
+            return false;
+        }
+        self.runs.push((addr, len));
+        self.bytes += len;
+        true
+    }
+
+    /// Take at most `max` bytes: the tail of the newest run.
+    pub(super) fn pop(&mut self, max: usize) -> Option<(usize, usize)> {
+        let last = self.runs.last_mut()?;
+        let take = last.1.min(max);
+        last.1 -= take;
+        let piece = (last.0 + last.1, take);
+        if last.1 == 0 {
+            self.runs.pop();
+        }
+        self.bytes -= take;
+        Some(piece)
+    }
+
+    /// Remove the run that is exactly `[addr, addr + len)`, if kept: its frames are already
+    /// where a unit refetched at the same place wants them.
+    pub(super) fn take_exact(&mut self, addr: usize, len: usize) -> bool {
+        match self.runs.iter().position(|&r| r == (addr, len)) {
+            Some(i) => {
+                self.runs.swap_remove(i);
+                self.bytes -= len;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Remove every kept byte inside `[start, start + len)`, calling `drop` with each piece
+    /// removed (the caller frees it). Runs reaching outside keep their outside parts; a run
+    /// split in two needs one more slot, and when none is left its tail is dropped too.
+    pub(super) fn remove_within(&mut self, start: usize, len: usize, mut drop: impl FnMut(usize, usize)) {
+        let end = start + len;
+        let mut i = 0;
+        while i < self.runs.len() {
+            let (a, l) = self.runs[i];
+            let (s, e) = (a.max(start), (a + l).min(end));
+            if s >= e {
+                i += 1;
+                continue;
+            }
+            drop(s, e - s);
+            self.bytes -= e - s;
+            let (head, tail) = ((a, s - a), (e, a + l - e));
+            match (head.1 > 0, tail.1 > 0) {
+                (false, false) => {
+                    self.runs.swap_remove(i);
+                    continue;
+                }
+                (true, false) => self.runs[i] = head,
+                (false, true) => self.runs[i] = tail,
+                (true, true) => {
+                    self.runs[i] = head;
+                    if self.runs.len() < self.runs.capacity() {
+                        self.runs.push(tail);
+                    } else {
+                        drop(tail.0, tail.1);
+                        self.bytes -= tail.1;
+                    }
+                }
+            }
+            i += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn adjacent_runs_merge_and_pop_takes_the_newest_tail() {
+        let mut f = Frames::with_capacity(4);
+        assert!(f.push(0x1000, 0x1000));
+        assert!(f.push(0x2000, 0x1000));
+        assert_eq!(f.runs.len(), 1);
+        assert_eq!(f.pop(0x800), Some((0x2800, 0x800)));
+        assert_eq!(f.pop(0x10000), Some((0x1000, 0x1800)));
+        assert_eq!(f.pop(1), None);
+        assert_eq!(f.bytes(), 0);
+    }
+
+    #[test]
+    fn full_stack_refuses() {
+        let mut f = Frames::with_capacity(1);
+        assert!(f.push(0x1000, 0x1000));
+        assert!(!f.push(0x5000, 0x1000));
+        assert!(f.take_exact(0x1000, 0x1000));
+        assert!(!f.take_exact(0x1000, 0x1000));
+    }
+
+    proptest! {
+        /// Whatever the operations: kept runs never overlap, `bytes` is their sum, and every
+        /// byte removed was kept (nothing kept is lost or handed out twice).
+        #[test]
+        fn kept_bytes_are_accounted_for(ops in proptest::collection::vec((0u8..4, 0usize..64, 1usize..16), 1..100)) {
+            const P: usize = 4096;
+            let mut f = Frames::with_capacity(6);
+            let mut kept = std::collections::BTreeSet::new();
+            for (op, page, pages) in ops {
+                let (a, l) = (page * P, pages * P);
+                match op {
+                    0 => {
+                        let free = (page..page + pages).all(|p| !kept.contains(&p));
+                        if free && f.push(a, l) { kept.extend(page..page + pages); }
+                    }
+                    1 => if let Some((a, l)) = f.pop(l) {
+                        for p in a / P..(a + l) / P { prop_assert!(kept.remove(&p)); }
+                    },
+                    2 => if f.take_exact(a, l) {
+                        for p in page..page + pages { prop_assert!(kept.remove(&p)); }
+                    },
+                    _ => f.remove_within(a, l, |a, l| for p in a / P..(a + l) / P { assert!(kept.remove(&p)); }),
+                }
+                prop_assert_eq!(f.bytes(), kept.len() * P);
+                let mut runs = f.runs.clone();
+                runs.sort();
+                prop_assert!(runs.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0));
+            }
+        }
+    }
+}
