@@ -348,7 +348,7 @@ impl Experiment for DlmVsSwap {
         let n: usize = ctx.mode.pick(96, 96);
         let iterations: usize = ctx.mode.pick(4, 10);
         let reps: usize = 3;
-        let budget = Duration::from_secs(ctx.mode.pick(60, 900));
+        let budget = Duration::from_secs(ctx.mode.pick(30, 900));
         let ratios: Vec<usize> = ctx.mode.pick(vec![50, 10], vec![50, 25, 10, 5]);
         let total = n * n * n * 8 * ARRAYS;
         let program = Program::compile()?;
