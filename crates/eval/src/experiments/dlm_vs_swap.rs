@@ -139,8 +139,16 @@ struct Run {
     wall: f64,
     /// Swap runs: major faults of the group during the run.
     majfaults: Option<u64>,
+    /// DLM runs: the tuner's decisions (`pagewise run --decisions`), written when the program
+    /// exits.
+    decisions: Vec<serde_json::Value>,
+}
+
+impl Run {
     /// DLM runs: the unit the tuner ended at.
-    final_unit: Option<usize>,
+    fn final_unit(&self) -> Option<usize> {
+        self.decisions.last()?["new_size"].as_u64().map(|s| s as usize)
+    }
 }
 
 impl Run {
@@ -249,10 +257,30 @@ fn majfaults(cg: &MemCgroup) -> anyhow::Result<u64> {
     Ok(stat.get("total_pgmajfault").or_else(|| stat.get("pgmajfault")).copied().unwrap_or(0))
 }
 
-/// The last unit size in a `pagewise run --decisions` file.
-fn final_unit(path: &Path) -> Option<usize> {
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
-    v["decisions"].as_array()?.last()?["new_size"].as_u64().map(|s| s as usize)
+/// The decisions in a `pagewise run --decisions` file (none when it was not written).
+fn read_decisions(path: &Path) -> Vec<serde_json::Value> {
+    let read = || -> Option<Vec<serde_json::Value>> {
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+        v["decisions"].as_array().cloned()
+    };
+    read().unwrap_or_default()
+}
+
+/// The tuner's windows as the seed's per-iteration table.
+fn decisions_table(ds: &[serde_json::Value]) -> Table {
+    let mut t = Table::new(["window", "working set", "local pages", "page size", "time in faults", "why"]);
+    for d in ds {
+        let size = |k: &str| human_bytes(d[k].as_u64().unwrap_or(0));
+        t.row([
+            d["iteration"].to_string(),
+            d["working_set"].to_string(),
+            d["local_units"].to_string(),
+            format!("{} → {}", size("old_size"), size("new_size")),
+            format!("{:.0}%", d["loop_time"].as_f64().unwrap_or(f64::NAN) * 100.0),
+            d["reason"].as_str().unwrap_or("").to_string(),
+        ]);
+    }
+    t
 }
 
 struct Setup<'a> {
@@ -278,7 +306,7 @@ fn run_one(s: &Setup, c: Config) -> anyhow::Result<Run> {
             let (out, err, status, wall) = run_with_budget(cmd, s.budget)?;
             let out = finished_output("the program", status, &out, &err)?;
             let fate = if out.is_some() { Fate::Finished } else { Fate::OverBudget };
-            Ok(Run { fate, out, wall, majfaults: None, final_unit: None })
+            Ok(Run { fate, out, wall, majfaults: None, decisions: Vec::new() })
         }
         Config::Swap(r) => {
             s.swap_group.set_limit(Some(local_bytes(s.total, r) as u64))?;
@@ -297,7 +325,13 @@ fn run_one(s: &Setup, c: Config) -> anyhow::Result<Run> {
             let faults = majfaults(s.swap_group)? - before;
             let oom_killed = s.swap_group.oom_kills()? > kills_before;
             if oom_killed && status.is_some_and(|st| !st.success()) {
-                return Ok(Run { fate: Fate::OomKilled, out: None, wall, majfaults: Some(faults), final_unit: None });
+                return Ok(Run {
+                    fate: Fate::OomKilled,
+                    out: None,
+                    wall,
+                    majfaults: Some(faults),
+                    decisions: Vec::new(),
+                });
             }
             let out = finished_output("the program under the cgroup limit", status, &out, &err)?;
             let fate = if out.is_some() { Fate::Finished } else { Fate::OverBudget };
@@ -306,7 +340,7 @@ fn run_one(s: &Setup, c: Config) -> anyhow::Result<Run> {
                 "the program ran at {r}% under a {} limit without a major fault: the limit did not apply",
                 human_bytes(local_bytes(s.total, r) as u64)
             );
-            Ok(Run { fate, out, wall, majfaults: Some(faults), final_unit: None })
+            Ok(Run { fate, out, wall, majfaults: Some(faults), decisions: Vec::new() })
         }
         Config::Dlm(r) => {
             let decisions = s.scratch.join(format!("decisions-{r}.json"));
@@ -329,7 +363,7 @@ fn run_one(s: &Setup, c: Config) -> anyhow::Result<Run> {
                 );
             }
             let fate = if out.is_some() { Fate::Finished } else { Fate::OverBudget };
-            Ok(Run { fate, out, wall, majfaults: None, final_unit: final_unit(&decisions) })
+            Ok(Run { fate, out, wall, majfaults: None, decisions: read_decisions(&decisions) })
         }
     }
 }
@@ -348,7 +382,7 @@ impl Experiment for DlmVsSwap {
         let n: usize = ctx.mode.pick(96, 96);
         let iterations: usize = ctx.mode.pick(4, 10);
         let reps: usize = 3;
-        let budget = Duration::from_secs(ctx.mode.pick(30, 900));
+        let budget = Duration::from_secs(ctx.mode.pick(30, 300));
         let ratios: Vec<usize> = ctx.mode.pick(vec![50, 10], vec![50, 25, 10, 5]);
         let total = n * n * n * 8 * ARRAYS;
         let program = Program::compile()?;
@@ -446,7 +480,7 @@ impl Experiment for DlmVsSwap {
                 data.push(json!({"config": kind, "ratio": r, "local_bytes": local_bytes(total, r), "rep": rep,
                     "loop_s": run.out.as_ref().map(|o| o.loop_secs), "iterations_s": run.out.as_ref().map(|o| o.iterations.clone()),
                     "wall_s": run.wall, "fate": format!("{:?}", run.fate), "major_faults": run.majfaults,
-                    "final_unit": run.final_unit}));
+                    "final_unit": run.final_unit()}));
             }
         }
         for &r in &ratios {
@@ -454,7 +488,7 @@ impl Experiment for DlmVsSwap {
             let (s, d) = (summary(sw), summary(dl));
             let faults = Summary::of(&sw.iter().filter_map(|x| x.majfaults.map(|f| f as f64)).collect::<Vec<_>>());
             let units: Vec<String> =
-                dl.iter().map(|x| x.final_unit.map_or("—".into(), |u| human_bytes(u as u64))).collect();
+                dl.iter().map(|x| x.final_unit().map_or("—".into(), |u| human_bytes(u as u64))).collect();
             table.row([
                 format!("{r}% ({})", human_bytes(local_bytes(total, r) as u64)),
                 local.display(3),
@@ -508,6 +542,12 @@ impl Experiment for DlmVsSwap {
             per_it.row([k.to_string(), median_it(&runs[0], k), median_it(sw, k), median_it(dl, k)]);
         }
         report.table(format!("Per-iteration time at {smallest}% local memory (median of {reps})"), per_it);
+        if let Some(first) = dl.iter().find(|r| !r.decisions.is_empty()) {
+            report.table(
+                format!("DLM tuner windows at {smallest}% local memory (first run that finished)"),
+                decisions_table(&first.decisions),
+            );
+        }
         plot.series("Linux swap (cgroup limit)", swap_pts);
         plot.series("DLM (pagewise run, auto)", dlm_pts);
         plot.series("all local", local_pts);
