@@ -164,6 +164,40 @@ impl MemCgroup {
         write_file(self.file("cgroup.procs"), &pid.to_string())
     }
 
+    /// Make the child `cmd` spawns join this group between fork and exec: it writes `0` ("the
+    /// writing process", accepted by cgroup.procs in v1 and v2) to the group's cgroup.procs,
+    /// so every page the program touches is charged here from its first instruction. Moving
+    /// it after spawn would leave what it touched before the move charged elsewhere (v1 does
+    /// not move charges unless memory.move_charge_at_immigrate says so). The file is opened
+    /// here (close-on-exec); a failed join makes the spawn fail with its errno.
+    pub fn spawn_into(&self, cmd: &mut std::process::Command) -> Result<()> {
+        use std::os::unix::process::CommandExt;
+        let path = self.file("cgroup.procs");
+        let procs = std::fs::OpenOptions::new().write(true).open(&path).map_err(|source| Error::Write {
+            path,
+            value: "open".into(),
+            source,
+        })?;
+        // SAFETY: the closure makes one write(2) on a descriptor the closure owns (open until
+        // the Command is dropped): async-signal-safe, no allocation.
+        unsafe {
+            cmd.pre_exec(move || match crate::fd::write_signal_safe(procs.as_raw_fd(), b"0") {
+                Ok(_) => Ok(()),
+                Err(errno) => Err(std::io::Error::from_raw_os_error(errno)),
+            })
+        };
+        Ok(())
+    }
+
+    /// The highest usage since the group was created (v1 memory.max_usage_in_bytes, v2
+    /// memory.peak since Linux 5.19).
+    pub fn max_usage(&self) -> Result<u64> {
+        match self.version {
+            Version::V1 => read_u64(self.file("memory.max_usage_in_bytes")),
+            Version::V2 => read_u64(self.file("memory.peak")),
+        }
+    }
+
     /// The processes in the group.
     pub fn processes(&self) -> Result<Vec<u32>> {
         Ok(read_file(self.file("cgroup.procs"))?.lines().filter_map(|l| l.trim().parse().ok()).collect())

@@ -34,6 +34,8 @@ pub enum Undo {
     Unmount { path: PathBuf },
     /// Give a task (a kernel thread such as kswapd) back its CPU affinity, a cpulist.
     RestoreAffinity { pid: i32, cpus: String },
+    /// Swap off a swap file the guard created (if it is on) and delete it.
+    RemoveSwapFile { path: PathBuf },
 }
 
 struct Inner {
@@ -103,6 +105,12 @@ impl SettingsGuard {
     /// Record that this guard mounted `path`.
     pub fn record_mount(&self, path: impl Into<PathBuf>) {
         self.push(Undo::Unmount { path: path.into() });
+    }
+
+    /// Record that this guard owns the swap file `path` (canonical, as /proc/swaps prints it):
+    /// it will be swapped off and deleted on restore.
+    pub fn record_swap_file(&self, path: impl Into<PathBuf>) {
+        self.push(Undo::RemoveSwapFile { path: path.into() });
     }
 
     /// Record `pid`'s CPU affinity before the first change this guard makes to it.
@@ -187,6 +195,7 @@ pub fn apply_undo(steps: Vec<Undo>) -> Vec<Error> {
             Undo::RemoveDir { path, parent_procs } => remove_dir(path, parent_procs.as_deref()),
             Undo::Unmount { path } => crate::tracefs::unmount(path),
             Undo::RestoreAffinity { pid, cpus } => restore_affinity(*pid, cpus),
+            Undo::RemoveSwapFile { path } => crate::swap::remove_swap_file(path),
         };
         if let Err(e) = result {
             errors.push(e);

@@ -26,6 +26,7 @@ pub mod pagemap_scan;
 pub mod probe;
 pub mod procfs;
 pub mod signal;
+pub mod swap;
 pub mod testing;
 pub mod thp;
 pub mod tracefs;

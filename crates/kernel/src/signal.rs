@@ -40,6 +40,19 @@ pub fn set_parent_death_signal(sig: i32) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Send `sig` to every process of process group `pgid` (kill(2) with `-pgid`): how a
+/// supervisor stops a child together with the processes that child started.
+pub fn kill_process_group(pgid: i32, sig: i32) -> Result<()> {
+    if pgid <= 1 {
+        return Err(Error::Invalid(format!("kill: {pgid} names no process group of ours")));
+    }
+    // SAFETY: kill touches no memory of ours.
+    if unsafe { libc::kill(-pgid, sig) } != 0 {
+        return Err(Error::last_os("kill(process group)"));
+    }
+    Ok(())
+}
+
 /// The id of this process.
 pub fn getpid() -> i32 {
     std::process::id() as i32
