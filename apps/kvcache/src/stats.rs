@@ -125,6 +125,7 @@ pub fn settings(shared: &Shared, out: &mut Vec<u8>) {
     line(out, "maxbytes", cache.limit_bytes());
     line(out, "memory_mode", cache.config().backing.name());
     line(out, "hot_window_ms", cache.config().hot_window_ds as u64 * 100);
+    line(out, "slab_prealloc", if cache.config().prealloc { "yes" } else { "no" });
     drop(cache);
     line(out, "maxconns", s.max_conns);
     line(out, "tcpport", s.port);
