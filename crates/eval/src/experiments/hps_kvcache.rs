@@ -239,12 +239,15 @@ impl Experiment for HpsKvcache {
         // Warm-up: one untimed read run each; HPS additionally until its placement converged
         // (tracking off), as the paper measured HPS after its promotions.
         let mut hps_warm_runs = 0;
+        // Per HPS server: seconds of extra warm-up and whether its tracking had stopped.
+        let mut warm: Vec<(Config, f64, bool)> = Vec::new();
+        let warm_limit = Duration::from_secs(ctx.mode.pick(45, 90));
         for (i, r) in servers.iter().enumerate() {
             ctx.message(format!("warming {}", r.config.name()));
             load::run(&r.addr, records, Choice::Zipfian, VALUE, 2, 32, reads, Duration::from_secs(120), false, 99)?;
             if matches!(r.config, Config::Hps | Config::MemcachedHps) {
                 let t = Instant::now();
-                while !converged(r)? && t.elapsed() < Duration::from_secs(90) {
+                while !converged(r)? && t.elapsed() < warm_limit {
                     load::run(
                         &r.addr,
                         records,
@@ -259,6 +262,7 @@ impl Experiment for HpsKvcache {
                     )?;
                     hps_warm_runs += 1;
                 }
+                warm.push((r.config, t.elapsed().as_secs_f64(), converged(r)?));
             }
             mem_series[i].push((t0.elapsed().as_secs_f64(), memory(r)? as f64 / (1 << 20) as f64));
             ctx.tick();
@@ -493,6 +497,7 @@ impl Experiment for HpsKvcache {
             "throughput_ops_s": tput, "memory_bytes": mem, "memory_before_load_bytes": base_mem,
             "thp_largepages_memory_bytes": thp_l_mem,
             "memory_series_mib": mem_series, "hps_warmup_runs": hps_warm_runs,
+            "hps_warmup": warm.iter().map(|(c, secs, conv)| json!({"server": c.name(), "seconds": secs, "converged": conv})).collect::<Vec<_>>(),
             "hps_stats": hps_stats.into_iter().map(|(k, v)| (k, json!(v))).collect::<serde_json::Map<_, _>>(),
             "drift": drift.phases.iter().map(|p| json!({"phase": p.phase, "hot_items": p.hot_items, "hot_set_bytes": p.hot_set, "hot_arena_bytes": p.arena, "compacted": p.compacted, "demoted": p.demoted, "promoted_regions": p.promoted})).collect::<Vec<_>>(),
         });
@@ -501,13 +506,23 @@ impl Experiment for HpsKvcache {
         }
         report.note(format!(
             "Throughput ratios are medians of per-run paired ratios; memory is the median over runs of the value after each run \
-             (kvcache: its `memory_bytes` stat, memcached: VmRSS). HPS was warmed until its tracking stopped ({hps_warm_runs} extra \
-             quarter runs; memcached under `pagewise hps run` likewise, until its tracker published that tracking stopped) — \
+             (kvcache: its `memory_bytes` stat, memcached: VmRSS). HPS was warmed until its tracking stopped (kvcache: its \
+             `tracking` stat; memcached under `pagewise hps run`: the state its tracker publishes), at most {} s each: {} — \
              the paper too measured HPS after its promotions. Runs alternate A…Z, Z…A. Load generator: 2 connections × 32 \
              pipelined gets, on the same 2 cores as the server (client-bound: ratios, not absolute rates, are the result). \
              Memory increase over kvcache Default: THP -L (the whole cache on hugepages from the start, the paper's THP point: \
              +96.2% there) {:.1} MiB, THP (MADV_HUGEPAGE on the slab area, filled densely in order) {:.1} MiB, HPS {:.1} MiB; \
              `hps_vs_thp_rss_increase` is HPS's over THP -L's, `hps_vs_thp_madvise_rss_increase` over THP's.",
+            warm_limit.as_secs(),
+            warm.iter()
+                .map(|(c, secs, conv)| format!(
+                    "{} {:.0} s, {}",
+                    c.name(),
+                    secs,
+                    if *conv { "converged" } else { "still tracking" }
+                ))
+                .collect::<Vec<_>>()
+                .join("; "),
             thp_l_inc / (1 << 20) as f64,
             thp_inc / (1 << 20) as f64,
             hps_inc / (1 << 20) as f64
