@@ -36,7 +36,7 @@ pub struct ControlConfig {
     pub converge_ticks: u32,
     /// Hits per second below which drift is not judged.
     pub min_hits: u64,
-    /// A tracking session that decided nothing stops after this many steps.
+    /// A tracking session stops after this many steps whatever it decided.
     pub idle_session_ticks: u32,
 }
 
@@ -91,7 +91,7 @@ impl HpsControl {
         let window = (Duration::from_secs(1).as_millis() / cfg.tick.as_millis().max(1)).max(1) as u32;
         let mut conv = Convergence::new(ConvergeRule {
             quiet_steps: cfg.converge_ticks,
-            max_idle_steps: cfg.idle_session_ticks,
+            max_session_steps: cfg.idle_session_ticks,
             probe_every: 0,
             window_steps: window,
             min_samples: cfg.min_hits,

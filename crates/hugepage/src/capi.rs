@@ -226,13 +226,14 @@ pub extern "C" fn hps_preload_start(promote_fraction: f64, interval_ms: u32) -> 
 }
 
 /// When `pagewise hps run` stops tracking: 20 periods without a new promotion after one (0.4 s
-/// at the 20 ms period, about 5 s once it has thinned out to 320 ms), or 60 without any; then a
+/// at the 20 ms period, about 5 s once it has thinned out to 320 ms), or after 250 periods
+/// whatever happened (new memory restarts it: memcached filling its cache); then a
 /// probe every 16 periods of 320 ms, about 5 s: the counts of undecided regions are forgotten
 /// and 32 pages of each are observed for one period, and a region the rule then promotes
 /// restarts tracking, as does new memory. An unmodified program gives no hit counts, so drift
 /// is found by the probes alone.
 fn preload_converge_rule() -> crate::policy::ConvergeRule {
-    crate::policy::ConvergeRule { quiet_steps: 20, max_idle_steps: 60, probe_every: 16, ..Default::default() }
+    crate::policy::ConvergeRule { quiet_steps: 20, max_session_steps: 250, probe_every: 16, ..Default::default() }
 }
 
 /// One line on the tracking state for the shim's end-of-run report (`pagewise hps run`):

@@ -237,7 +237,7 @@ fn the_host_budget_caps_promotions_and_the_rest_falls_back_to_observation() {
 #[test]
 fn tracking_converges_by_itself_and_new_memory_restarts_it() {
     use pagewise_hugepage::{ConvergeRule, TrackState};
-    let rule = ConvergeRule { quiet_steps: 3, max_idle_steps: 5, probe_every: 0, ..Default::default() };
+    let rule = ConvergeRule { quiet_steps: 3, max_session_steps: 5, probe_every: 0, ..Default::default() };
     let cfg = HpsConfig { interval_ms: 5, max_interval_ms: 10, converge: Some(rule), ..Default::default() };
     let hps = match Hps::start(cfg) {
         Ok(h) => h,
