@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 
 #define HUGE (2UL << 20)
@@ -30,6 +31,7 @@ static int (*p_free)(void *);
 static int (*p_release)(void *, size_t);
 static int (*p_stats)(struct pw_hps_stats *);
 static int (*p_shutdown)(void);
+static int (*p_state)(char *, size_t); /* optional: older libpagewise lacks it */
 
 static int hps_arena_init(void *lib) {
     p_start = (int (*)(double, uint32_t))dlsym(lib, "hps_preload_start");
@@ -38,6 +40,7 @@ static int hps_arena_init(void *lib) {
     p_release = (int (*)(void *, size_t))dlsym(lib, "hps_release");
     p_stats = (int (*)(struct pw_hps_stats *))dlsym(lib, "hps_stats");
     p_shutdown = (int (*)(void))dlsym(lib, "hps_shutdown");
+    p_state = (int (*)(char *, size_t))dlsym(lib, "hps_preload_state");
     if (!p_start || !p_alloc || !p_free || !p_release || !p_stats || !p_shutdown)
         return -ENOSYS;
     const char *frac = getenv("PAGEWISE_HPS_PROMOTE_FRACTION");
@@ -153,8 +156,13 @@ static int hps_arena_summary(char *buf, size_t n) {
     int rc = p_stats(&s);
     if (rc < 0)
         return rc;
-    snprintf(buf, n, "hps: %llu region(s) promoted, %llu tracking period(s), %llu fault(s) counted",
-             (unsigned long long)s.promoted_regions, (unsigned long long)s.periods, (unsigned long long)s.faults);
+    int w = snprintf(buf, n, "hps: %llu region(s) promoted, %llu tracking period(s), %llu fault(s) counted",
+                     (unsigned long long)s.promoted_regions, (unsigned long long)s.periods,
+                     (unsigned long long)s.faults);
+    /* "; tracking converged at exit; converged N time(s), restarted N time(s), N probe(s) ..." */
+    char state[192];
+    if (p_state && w > 0 && (size_t)w < n && p_state(state, sizeof state) == 0)
+        snprintf(buf + w, n - (size_t)w, "; %s", strncmp(state, "hps: ", 5) == 0 ? state + 5 : state);
     return 0;
 }
 

@@ -191,6 +191,9 @@ pub struct CacheConfig {
     pub backing: Backing,
     /// An item not read for this long (deciseconds) is not moved to / is moved off the hot arena.
     pub hot_window_ds: u32,
+    /// Populate the whole slab area at start (memcached `-L`: the whole cache preallocated on
+    /// large pages); with [`Backing::Thp`] only.
+    pub prealloc: bool,
 }
 
 /// The cache.
@@ -243,6 +246,10 @@ impl Cache {
                 let map = Mapping::anonymous(len, &MapOptions { align: Some(HUGE_PMD), ..Default::default() })?;
                 if cfg.backing == Backing::Thp {
                     map.advise(Advice::HugePage)?;
+                }
+                if cfg.prealloc {
+                    anyhow::ensure!(cfg.backing == Backing::Thp, "preallocation (-L) needs --memory-mode thp");
+                    map.advise(Advice::PopulateWrite)?;
                 }
                 ColdArea { base: map.addr(), len, next: 0, _anon: Some(map) }
             }
@@ -1233,7 +1240,8 @@ mod tests {
     use super::*;
 
     fn cache(mb: usize) -> Cache {
-        Cache::new(CacheConfig { limit: mb << 20, backing: Backing::Default, hot_window_ds: 20 }, None).unwrap()
+        Cache::new(CacheConfig { limit: mb << 20, backing: Backing::Default, hot_window_ds: 20, prealloc: false }, None)
+            .unwrap()
     }
 
     #[test]

@@ -11,19 +11,19 @@
 //!   hot pages left empty go back to the arena, which reuses them: a drifting hot set does not
 //!   grow the hot arena.
 //! - **Convergence** (the paper stops tracking once it has promoted/compacted enough, because
-//!   tracking costs the application): after `converge_ticks` decision steps that changed
-//!   nothing, tracking stops and the share of hits served from hugepages (hot arena or promoted
-//!   regions) is remembered.
-//! - **Drift** (beyond the paper): with tracking off, the control thread watches that share
-//!   once a second; when it falls below half of what it was at convergence, under load, the hot
-//!   set has moved and tracking restarts.
+//!   tracking costs the application): HPS's [`Convergence`] rule, one step per decision step —
+//!   after `converge_ticks` steps that changed nothing, tracking stops and the share of hits
+//!   served from hugepages (hot arena or promoted regions) is remembered.
+//! - **Drift** (beyond the paper): with tracking off, the same rule judges that share once a
+//!   second; when it falls below half of what it was at convergence, under load, the hot set
+//!   has moved and tracking restarts.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use pagewise_hugepage::{ActivePage, Hps, HpsConfig, Notify};
+use pagewise_hugepage::{Action, ActivePage, ConvergeRule, Convergence, Hps, HpsConfig, Notify, TrackState};
 
 use crate::cache::Cache;
 
@@ -36,7 +36,7 @@ pub struct ControlConfig {
     pub converge_ticks: u32,
     /// Hits per second below which drift is not judged.
     pub min_hits: u64,
-    /// A tracking session that decided nothing stops after this many steps.
+    /// A tracking session stops after this many steps whatever it decided.
     pub idle_session_ticks: u32,
 }
 
@@ -86,64 +86,55 @@ impl HpsControl {
     }
 
     fn run(&self, cache: &Mutex<Cache>, cfg: &ControlConfig) {
-        let mut quiet = 0u32;
-        // Steps of this tracking session, and whether it promoted or compacted anything yet.
-        let (mut session, mut decided) = (0u32, false);
-        let mut baseline: Option<f64> = None;
-        let mut window_start = Instant::now();
-        let snap = |c: &Cache| (c.counters.get_hits, c.counters.hot_hits + c.counters.promoted_hits);
+        // The convergence rule of HPS's policy, fed with this cache's hit counts: a step per
+        // tick, drift judged over 1 s windows.
+        let window = (Duration::from_secs(1).as_millis() / cfg.tick.as_millis().max(1)).max(1) as u32;
+        let mut conv = Convergence::new(ConvergeRule {
+            quiet_steps: cfg.converge_ticks,
+            max_session_steps: cfg.idle_session_ticks,
+            probe_every: 0,
+            window_steps: window,
+            min_samples: cfg.min_hits,
+            ..ConvergeRule::default()
+        });
+        let snap = |c: &Cache| (c.counters.hot_hits + c.counters.promoted_hits, c.counters.get_hits);
         let mut last = snap(&cache.lock().expect("cache lock"));
         while !self.stop.load(Ordering::Acquire) {
             std::thread::sleep(cfg.tick);
-            if self.hps.tracking() {
-                let changed = match self.hps.process() {
+            let mut changed = false;
+            // The application may have switched tracking on or off itself.
+            if self.hps.tracking() != (conv.state() == TrackState::Tracking) {
+                if self.hps.tracking() {
+                    conv.force_restart();
+                } else {
+                    continue;
+                }
+            }
+            if conv.state() == TrackState::Tracking {
+                changed = match self.hps.process() {
                     Ok(o) => o.promoted + o.compacted_pages + o.observe_fully > 0,
                     Err(e) => {
                         eprintln!("kvcache: HPS decision step: {e}");
                         false
                     }
                 };
-                {
-                    // Items that cooled since the last step leave the hot arena even when
-                    // HPS has nothing new to compact (the last compaction of a drift may come
-                    // before the previous hot set has cooled).
-                    let mut c = cache.lock().expect("cache lock");
-                    c.refresh_promoted();
-                    c.demote_cooled();
+                // Items that cooled since the last step leave the hot arena even when HPS has
+                // nothing new to compact (the last compaction of a drift may come before the
+                // previous hot set has cooled).
+                let mut c = cache.lock().expect("cache lock");
+                c.refresh_promoted();
+                c.demote_cooled();
+            }
+            let now = snap(&cache.lock().expect("cache lock"));
+            let hits = (now.0.saturating_sub(last.0), now.1.saturating_sub(last.1));
+            last = now;
+            match conv.step(changed, hits) {
+                Action::Stop => self.hps.set_tracking(false),
+                Action::Restart => {
+                    self.restarts.fetch_add(1, Ordering::Relaxed);
+                    self.hps.set_tracking(true);
                 }
-                quiet = if changed { 0 } else { quiet + 1 };
-                session += 1;
-                decided |= changed;
-                // Converged: quiet for a while after deciding something (tracking needs several
-                // periods before a page's count reaches the threshold, so quiet alone at the
-                // start of a session means nothing), or a long session that found nothing.
-                if decided && quiet >= cfg.converge_ticks || session >= cfg.idle_session_ticks {
-                    self.hps.set_tracking(false);
-                    let now = snap(&cache.lock().expect("cache lock"));
-                    let hits = now.0 - last.0;
-                    let share = (now.1 - last.1) as f64 / hits.max(1) as f64;
-                    // A share of almost nothing is no placement to keep: judge drift as if none.
-                    baseline = (hits >= cfg.min_hits && share >= 0.05).then_some(share);
-                    last = now;
-                    window_start = Instant::now();
-                    (quiet, session, decided) = (0, 0, false);
-                }
-            } else if window_start.elapsed() >= Duration::from_secs(1) {
-                let now = snap(&cache.lock().expect("cache lock"));
-                let hits = now.0 - last.0;
-                let share = if hits > 0 { (now.1 - last.1) as f64 / hits as f64 } else { 0.0 };
-                if hits >= cfg.min_hits {
-                    match baseline {
-                        Some(b) if share >= b * 0.5 => {}
-                        // Under load with no baseline, or the share halved: the hot set moved.
-                        _ => {
-                            self.restarts.fetch_add(1, Ordering::Relaxed);
-                            self.hps.set_tracking(true);
-                        }
-                    }
-                }
-                last = now;
-                window_start = Instant::now();
+                Action::Probe | Action::Continue => {}
             }
         }
     }

@@ -33,6 +33,10 @@ struct Args {
     /// Slab memory: default (4 KiB pages), thp (MADV_HUGEPAGE on all of it) or hps.
     #[arg(long = "memory-mode", default_value = "default")]
     mode: Backing,
+    /// Preallocate the whole slab area on hugepages at start (memcached -L): implies
+    /// `--memory-mode thp`.
+    #[arg(short = 'L', long = "enable-largepages")]
+    largepages: bool,
     /// HPS: a page is active once seen in this many tracking periods.
     #[arg(long = "hps-threshold", default_value_t = 1)]
     hps_threshold: u32,
@@ -56,14 +60,22 @@ fn run(args: Args) -> anyhow::Result<()> {
     if args.memory == 0 || args.threads == 0 || args.conns == 0 {
         anyhow::bail!("-m, -t and -c must be at least 1");
     }
-    let hps = match args.mode {
+    if args.largepages && args.mode == Backing::Hps {
+        anyhow::bail!("-L (the whole cache preallocated on hugepages) and --memory-mode hps exclude each other");
+    }
+    let mode = if args.largepages { Backing::Thp } else { args.mode };
+    let hps = match mode {
         Backing::Hps => {
             Some(hpsrun::start_hps(HpsConfig { active_threshold: args.hps_threshold, ..Default::default() })?)
         }
         _ => None,
     };
-    let cfg =
-        CacheConfig { limit: args.memory << 20, backing: args.mode, hot_window_ds: (args.hot_window_ms / 100).max(1) };
+    let cfg = CacheConfig {
+        limit: args.memory << 20,
+        backing: mode,
+        hot_window_ds: (args.hot_window_ms / 100).max(1),
+        prealloc: args.largepages,
+    };
     let cache = Arc::new(Mutex::new(Cache::new(cfg, hps.clone())?));
     let control = match hps {
         Some(h) => Some(HpsControl::attach(

@@ -104,6 +104,7 @@ pub fn general(shared: &Shared, out: &mut Vec<u8>) {
             let s = h.hps.stats();
             line(out, "hot_arena_bytes", h.hps.huge_hugepages() * pagewise_kernel::mem::HUGE_PMD as u64);
             line(out, "tracking", u8::from(h.hps.tracking()));
+            line(out, "tracking_state", if h.hps.tracking() { "tracking" } else { "converged" });
             line(out, "tracking_restarts", h.restarts.load(Ordering::Relaxed));
             line(out, "tracking_periods", s.tracker.periods);
             line(out, "tracking_faults", s.tracker.faults);
@@ -113,6 +114,7 @@ pub fn general(shared: &Shared, out: &mut Vec<u8>) {
         None => {
             line(out, "hot_arena_bytes", 0);
             line(out, "tracking", 0);
+            line(out, "tracking_state", "off");
             line(out, "tracking_restarts", 0);
         }
     }
@@ -125,6 +127,7 @@ pub fn settings(shared: &Shared, out: &mut Vec<u8>) {
     line(out, "maxbytes", cache.limit_bytes());
     line(out, "memory_mode", cache.config().backing.name());
     line(out, "hot_window_ms", cache.config().hot_window_ds as u64 * 100);
+    line(out, "slab_prealloc", if cache.config().prealloc { "yes" } else { "no" });
     drop(cache);
     line(out, "maxconns", s.max_conns);
     line(out, "tcpport", s.port);

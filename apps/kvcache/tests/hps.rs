@@ -42,7 +42,7 @@ fn compaction_under_concurrent_reads_and_writes_never_shows_a_torn_or_freed_item
         }
     };
     // A hot window of 100 ms: items move onto the hot arena and back again all the time.
-    let cfg = CacheConfig { limit: 64 << 20, backing: Backing::Hps, hot_window_ds: 1 };
+    let cfg = CacheConfig { limit: 64 << 20, backing: Backing::Hps, hot_window_ds: 1, prealloc: false };
     let cache = Arc::new(Mutex::new(Cache::new(cfg, Some(hps.clone())).unwrap()));
     let (base, _) = cache.lock().unwrap().cold_area();
     const KEYS: u64 = 20_000;

@@ -211,6 +211,7 @@ fn stats_report_every_section() {
     assert_eq!(srv.stat_u64("limit_maxbytes"), 8 << 20);
     assert_eq!(srv.stat_u64("threads"), 3);
     assert_eq!(srv.stat("memory_mode"), "default");
+    assert_eq!(srv.stat("tracking_state"), "off");
     for k in ["hugepage_bytes", "promoted_regions", "compacted_items", "tracking", "hot_arena_bytes", "memory_bytes"] {
         srv.stat_u64(k);
     }
@@ -239,4 +240,17 @@ fn stats_report_every_section() {
     }
     c.send(b"quit\r\n");
     assert!(c.read_to_close().is_empty());
+}
+
+/// `-L` (memcached's: the whole cache preallocated on large pages): THP memory, the whole slab
+/// area resident before any item is stored; with HPS it is refused.
+#[test]
+fn largepages_preallocates_the_slab_area() {
+    let srv = Server::start(&["-m", "16", "-L"]);
+    assert_eq!(srv.stat("memory_mode"), "thp");
+    assert!(srv.stat_u64("memory_bytes") >= 16 << 20, "memory_bytes {}", srv.stat_u64("memory_bytes"));
+    let mut c = srv.connect();
+    c.exchange(b"set a 0 0 1\r\nx\r\n", b"STORED\r\n");
+    c.exchange(b"get a\r\n", b"VALUE a 0 1\r\nx\r\nEND\r\n");
+    assert!(Server::try_start(&["-m", "16", "-L", "--memory-mode", "hps"]).is_err());
 }

@@ -73,6 +73,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 )
             })?;
             let mut ranges = report::decode(&text)?;
+            // The tracking state (a comment line of the published file) goes to stderr, so
+            // stdout stays the seed's page_acs layout.
+            if let Some(state) =
+                text.lines().take_while(|l| l.starts_with('#')).find_map(|l| l.strip_prefix("# tracking "))
+            {
+                eprintln!("pagewise: hps: process {pid}: tracking {state}");
+            }
             if active_only {
                 for r in &mut ranges {
                     r.runs.retain(|run| run.2 > 0);
@@ -115,6 +122,7 @@ fn run_program(
         .env("PAGEWISE_PRELOAD_REPORT", "1")
         .env("PAGEWISE_HPS_PROMOTE_FRACTION", promote_fraction.to_string())
         .env("PAGEWISE_HPS_INTERVAL_MS", interval_ms.to_string())
+        .env("PAGEWISE_HPS_LOG", "1")
         .status()
         .with_context(|| format!("starting {}", program[0]))?;
     Ok(match (status.code(), status.signal()) {

@@ -69,6 +69,30 @@ fn hot_array_gives_the_same_checksum_and_gets_hugepages() {
     assert!(promoted(&err).unwrap_or(0) >= 1, "the shim reports no promotion:\n{err}");
 }
 
+/// Tracking stops once placement converged and comes back when the hot set moves: the program
+/// sees its first hot set promoted and the published state turn to "converged", then a second
+/// hot set on memory it never touched gets promoted too (found by a probe), and the shim's log
+/// shows the stop before the restart.
+#[test]
+fn tracking_stops_when_converged_and_restarts_when_the_hot_set_moves() {
+    let Some((_, run, err)) = direct_and_under_hps("drift", &["0"], &["60"]) else { return };
+    let out = String::from_utf8_lossy(&run.stdout);
+    let nums: Vec<i64> = out
+        .strip_prefix("drift: ")
+        .unwrap_or_else(|| panic!("no drift line: {out}\n{err}"))
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let [p1, conv, p2] = nums[..] else { panic!("bad drift line: {out}") };
+    assert!(p1 >= 8192, "the first hot set was not promoted within 60 s: {out}\n{err}");
+    assert_eq!(conv, 1, "tracking did not stop after the first hot set was promoted: {out}\n{err}");
+    assert!(p2 >= p1 + 8192, "the moved hot set was not promoted within 60 s: {out}\n{err}");
+    let stop = err.find("pagewise: hps: tracking stopped").unwrap_or_else(|| panic!("no stop logged:\n{err}"));
+    let restart = err.find("pagewise: hps: tracking restarted").unwrap_or_else(|| panic!("no restart logged:\n{err}"));
+    assert!(stop < restart, "{err}");
+    assert!(err.contains("restarted 1 time(s)") || err.contains("restarted 2 time(s)"), "{err}");
+}
+
 #[test]
 fn bad_flags_are_refused() {
     for flags in [&["--min-alloc", "1K"][..], &["--promote-fraction", "1.5"], &["--min-alloc", "lots"]] {

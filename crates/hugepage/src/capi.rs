@@ -102,7 +102,7 @@ fn to_config(c: &HpsConfigC) -> Result<HpsConfig, i32> {
         signal_offset: c.signal_offset,
         publish: c.publish != 0,
         host_hugepages: if c.host_hugepages == 0 { None } else { Some(c.host_hugepages) },
-        delivery: None,
+        ..d
     })
 }
 
@@ -202,6 +202,9 @@ pub extern "C" fn hps_preload_start(promote_fraction: f64, interval_ms: u32) -> 
             rule,
             notify: Notify::Handler,
             delivery: Some(pagewise_track::Delivery::HandlerThread),
+            converge: Some(preload_converge_rule()),
+            probe_pages: 32,
+            log_state: std::env::var_os("PAGEWISE_HPS_LOG").is_some_and(|v| v == "1"),
             ..d
         };
         let mut s = match slot().lock() {
@@ -219,6 +222,47 @@ pub extern "C" fn hps_preload_start(promote_fraction: f64, interval_ms: u32) -> 
             }
             Err(e) => -(e.errno() as i64),
         }
+    }) as c_int
+}
+
+/// When `pagewise hps run` stops tracking: 20 periods without a new promotion after one (0.4 s
+/// at the 20 ms period, about 5 s once it has thinned out to 320 ms), or after 250 periods
+/// whatever happened (new memory restarts it: memcached filling its cache); then a
+/// probe every 16 periods of 320 ms, about 5 s: the counts of undecided regions are forgotten
+/// and 32 pages of each are observed for one period, and a region the rule then promotes
+/// restarts tracking, as does new memory. An unmodified program gives no hit counts, so drift
+/// is found by the probes alone.
+fn preload_converge_rule() -> crate::policy::ConvergeRule {
+    crate::policy::ConvergeRule { quiet_steps: 20, max_session_steps: 250, probe_every: 16, ..Default::default() }
+}
+
+/// One line on the tracking state for the shim's end-of-run report (`pagewise hps run`):
+/// NUL-terminated into `buf`; 0 or a negative errno. Not in hps.h, like `hps_preload_start`.
+///
+/// # Safety
+/// `buf` must be valid for `n` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn hps_preload_state(buf: *mut c_char, n: usize) -> c_int {
+    guarded(|| {
+        let Some(h) = current() else { return -(libc::EINVAL as i64) };
+        if buf.is_null() || n == 0 {
+            return -(libc::EINVAL as i64);
+        }
+        let st = h.stats();
+        let line = format!(
+            "hps: tracking {} at exit; converged {} time(s), restarted {} time(s), {} probe(s) while converged",
+            h.track_state().name(),
+            st.converge_stops,
+            st.converge_restarts,
+            st.probes
+        );
+        let len = line.len().min(n - 1);
+        // SAFETY: the caller guarantees `buf` is valid for `n` bytes and `len < n`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(line.as_ptr(), buf as *mut u8, len);
+            *buf.add(len) = 0;
+        }
+        0
     }) as c_int
 }
 

@@ -16,7 +16,7 @@ use pagewise_track::{report, Delivery, MinorTracker, RegionMode, TrackedArena, T
 
 use crate::compact::HugeArena;
 use crate::fairness::{self, Budget};
-use crate::policy::{self, Backoff, Decision, RegionRule, RegionView};
+use crate::policy::{self, Action, Backoff, ConvergeRule, Convergence, Decision, RegionRule, RegionView, TrackState};
 use crate::{promote, Error, Result};
 
 /// How the process hears about active pages.
@@ -56,6 +56,14 @@ pub struct HpsConfig {
     /// delivery is unavailable). The handler thread also serves faults the kernel takes on the
     /// program's behalf (read(2) into tracked memory), which SIGBUS delivery fails with EFAULT.
     pub delivery: Option<Delivery>,
+    /// Stop tracking once placement converged and resume on drift or new memory, run by the
+    /// tracking thread itself (one step per period; see [`ConvergeRule`]). None: the tracker
+    /// only thins out, and the application stops it with [`Hps::set_tracking`] if it likes.
+    pub converge: Option<ConvergeRule>,
+    /// Pages of a region armed by a probe while converged (a cheap sample).
+    pub probe_pages: usize,
+    /// Print tracking state changes on stderr (`pagewise hps run`).
+    pub log_state: bool,
 }
 
 impl Default for HpsConfig {
@@ -72,6 +80,9 @@ impl Default for HpsConfig {
             publish: true,
             host_hugepages: None,
             delivery: None,
+            converge: None,
+            probe_pages: 8,
+            log_state: false,
         }
     }
 }
@@ -104,6 +115,12 @@ pub struct HpsStats {
     pub notifications_received: u64,
     pub decision_steps: u64,
     pub collapse_ns: u64,
+    /// Tracking stopped because placement converged (with [`HpsConfig::converge`]).
+    pub converged: bool,
+    /// Times tracking converged, restarted, and probes run while converged.
+    pub converge_stops: u64,
+    pub converge_restarts: u64,
+    pub probes: u64,
 }
 
 /// The application's override of the region rule: `Some(decision)` or `None` for the default.
@@ -133,6 +150,11 @@ struct Shared {
     sig: i32,
     epoch: Instant,
     idle_periods: AtomicU32,
+    conv: Mutex<Option<Convergence>>,
+    converged: AtomicBool,
+    new_memory: AtomicBool,
+    /// Decisions made by decision steps (promotions, compacted pages, regions observed fully).
+    decisions: AtomicU64,
     promoted: AtomicU64,
     compacted: AtomicU64,
     collapse_failures: AtomicU64,
@@ -180,6 +202,7 @@ impl Hps {
             None => None,
         };
         let notify = cfg.notify;
+        let conv = cfg.converge.map(Convergence::new);
         let tracker = match cfg.delivery {
             Some(d) => MinorTracker::with_delivery(d)?,
             None => MinorTracker::new()?,
@@ -199,6 +222,10 @@ impl Hps {
             sig,
             epoch: Instant::now(),
             idle_periods: AtomicU32::new(0),
+            conv: Mutex::new(conv),
+            converged: AtomicBool::new(false),
+            new_memory: AtomicBool::new(false),
+            decisions: AtomicU64::new(0),
             promoted: AtomicU64::new(0),
             compacted: AtomicU64::new(0),
             collapse_failures: AtomicU64::new(0),
@@ -261,6 +288,7 @@ impl Hps {
         let p = arena.as_ptr();
         self.shared.arenas.lock().expect("arenas lock").push(arena);
         self.shared.idle_periods.store(0, Ordering::Relaxed);
+        self.shared.new_memory.store(true, Ordering::Release);
         Ok(p)
     }
 
@@ -344,11 +372,24 @@ impl Hps {
         self.shared.tracking.store(on, Ordering::Release);
         if on {
             self.shared.idle_periods.store(0, Ordering::Relaxed);
+            if let Some(c) = self.shared.conv.lock().expect("conv lock").as_mut() {
+                c.force_restart();
+            }
+            self.shared.converged.store(false, Ordering::Release);
         }
     }
 
     pub fn tracking(&self) -> bool {
         self.shared.tracking.load(Ordering::Acquire)
+    }
+
+    /// Whether tracking runs now: on, and not stopped by convergence.
+    pub fn track_state(&self) -> TrackState {
+        if self.shared.tracking.load(Ordering::Acquire) && !self.shared.converged.load(Ordering::Acquire) {
+            TrackState::Tracking
+        } else {
+            TrackState::Converged
+        }
     }
 
     /// Install (or clear) the application's decide and compact functions. They run in the
@@ -416,6 +457,7 @@ impl Hps {
 
     pub fn stats(&self) -> HpsStats {
         let s = &self.shared;
+        let conv = s.conv.lock().expect("conv lock").clone();
         HpsStats {
             tracker: s.tracker.stats(),
             promoted_regions: s.promoted.load(Ordering::Relaxed),
@@ -425,6 +467,10 @@ impl Hps {
             notifications_received: s.received.load(Ordering::Relaxed),
             decision_steps: s.steps.load(Ordering::Relaxed),
             collapse_ns: s.collapse_ns.load(Ordering::Relaxed),
+            converged: s.converged.load(Ordering::Acquire),
+            converge_stops: conv.as_ref().map_or(0, |c| c.stops),
+            converge_restarts: conv.as_ref().map_or(0, |c| c.restarts),
+            probes: conv.as_ref().map_or(0, |c| c.probes),
         }
     }
 
@@ -438,8 +484,7 @@ impl Hps {
 
     /// Publish the counts now (see [`pagewise_track::report`]).
     pub fn publish(&self) -> Result<()> {
-        report::publish(signal::getpid(), &published_ranges(&self.shared))?;
-        Ok(())
+        publish_live(&self.shared)
     }
 
     /// Update the configuration (the signal and notify mode are fixed at start).
@@ -477,6 +522,22 @@ impl Drop for Hps {
 
 fn plan_cfg(cfg: &HpsConfig) -> PlanConfig {
     PlanConfig { pages_per_region: PAGES_PER_REGION, sample_pages: cfg.sample_pages, budget_pages: cfg.budget_pages }
+}
+
+/// Publish the counts read in place (no copy: see [`report::publish_views`]).
+fn publish_live(s: &Shared) -> Result<()> {
+    let ranges = s.tracker.ranges();
+    let getters: Vec<Box<dyn Fn(usize) -> u32 + '_>> =
+        ranges.iter().map(|r| Box::new(move |i: usize| r.acs(i)) as Box<dyn Fn(usize) -> u32 + '_>).collect();
+    let views: Vec<report::RangeView<'_>> =
+        ranges.iter().zip(&getters).map(|(r, g)| (r.start, r.pages(), g.as_ref())).collect();
+    let state = if s.tracking.load(Ordering::Acquire) && !s.converged.load(Ordering::Acquire) {
+        TrackState::Tracking
+    } else {
+        TrackState::Converged
+    };
+    report::publish_views(signal::getpid(), &format!("tracking {}", state.name()), &views)?;
+    Ok(())
 }
 
 fn published_ranges(s: &Shared) -> Vec<(usize, Vec<u32>)> {
@@ -615,8 +676,10 @@ fn process(s: &Shared) -> Result<Outcome> {
             }
         }
     }
-    if out.promoted + out.compacted_pages + out.observe_fully > 0 {
+    let decided = out.promoted + out.compacted_pages + out.observe_fully;
+    if decided > 0 {
         s.idle_periods.store(0, Ordering::Relaxed);
+        s.decisions.fetch_add(decided as u64, Ordering::Relaxed);
     }
     Ok(out)
 }
@@ -664,26 +727,94 @@ fn try_promote(s: &Shared, addr: usize) -> Result<PromoteResult> {
 
 fn tracking_loop(s: &Shared) {
     let mut last_publish = Instant::now();
+    let mut last_decisions = 0u64;
+    // A probe armed pages while converged: classify what they saw at the next step.
+    let mut collect = false;
     while !s.stop.load(Ordering::Acquire) {
         let cfg = s.cfg.lock().expect("cfg lock").clone();
         let idle = s.idle_periods.load(Ordering::Relaxed);
-        let ms = policy::thinned_interval_ms(cfg.interval_ms, cfg.max_interval_ms, idle);
+        let converged = s.converged.load(Ordering::Acquire);
+        let ms = if converged {
+            cfg.max_interval_ms.max(cfg.interval_ms)
+        } else {
+            policy::thinned_interval_ms(cfg.interval_ms, cfg.max_interval_ms, idle)
+        };
         let deadline = Instant::now() + Duration::from_millis(ms);
         // Sleep in short steps so stop and restart take effect quickly.
         while Instant::now() < deadline && !s.stop.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_millis(5).min(deadline.saturating_duration_since(Instant::now())));
-            if s.idle_periods.load(Ordering::Relaxed) < idle {
+            if s.idle_periods.load(Ordering::Relaxed) < idle || (converged && s.new_memory.load(Ordering::Acquire)) {
                 break;
             }
         }
         if s.stop.load(Ordering::Acquire) || !s.tracking.load(Ordering::Acquire) {
             continue;
         }
+        let mut probe = false;
+        if cfg.converge.is_some() {
+            let decisions = s.decisions.load(Ordering::Relaxed);
+            let changed = decisions != last_decisions;
+            last_decisions = decisions;
+            let mut guard = s.conv.lock().expect("conv lock");
+            let Some(conv) = guard.as_mut() else { continue };
+            let mut act =
+                if s.new_memory.swap(false, Ordering::AcqRel) { conv.on_new_memory() } else { Action::Continue };
+            if act == Action::Continue {
+                act = conv.step(changed, (0, 0));
+            }
+            let now_converged = conv.state() == TrackState::Converged;
+            s.converged.store(now_converged, Ordering::Release);
+            let stats = (conv.stops, conv.restarts, conv.probes);
+            drop(guard);
+            match act {
+                Action::Stop => {
+                    if cfg.log_state {
+                        eprintln!(
+                            "pagewise: hps: tracking stopped: placement converged ({} region(s) promoted; {} tracking period(s))",
+                            s.promoted.load(Ordering::Relaxed),
+                            s.tracker.stats().periods
+                        );
+                    }
+                    if cfg.publish {
+                        let _ = publish_live(s);
+                    }
+                }
+                Action::Restart => {
+                    s.idle_periods.store(0, Ordering::Relaxed);
+                    if cfg.log_state {
+                        eprintln!(
+                            "pagewise: hps: tracking restarted (new memory or a probe found a new hot region; restart {})",
+                            stats.1
+                        );
+                    }
+                    if cfg.publish {
+                        let _ = publish_live(s);
+                    }
+                }
+                Action::Probe => {
+                    // Judge the probe on what it sees now: counts of undecided regions are
+                    // history from before convergence (a region long observed cold would need
+                    // many probes to cross the rule's fraction).
+                    forget_undecided(s);
+                    probe = true;
+                }
+                Action::Continue => {}
+            }
+            if now_converged && !probe {
+                if std::mem::take(&mut collect) {
+                    classify_and_notify(s, &cfg);
+                }
+                continue;
+            }
+        }
         let faults_before = s.tracker.stats().faults;
-        if s.tracker.run_period(&plan_cfg(&cfg)).is_err() {
+        let plan =
+            if probe { PlanConfig { sample_pages: cfg.probe_pages.max(1), ..plan_cfg(&cfg) } } else { plan_cfg(&cfg) };
+        if s.tracker.run_period(&plan).is_err() {
             continue;
         }
-        let active = classify(s, &cfg);
+        collect = probe;
+        let active = classify_and_notify(s, &cfg);
         // A period is busy while accesses were observed and something remains to decide.
         let busy = active > 0 && s.tracker.stats().faults > faults_before;
         if busy {
@@ -691,15 +822,39 @@ fn tracking_loop(s: &Shared) {
         } else {
             s.idle_periods.fetch_add(1, Ordering::Relaxed);
         }
-        if active > 0 && cfg.notify != Notify::None && !s.outstanding.swap(true, Ordering::AcqRel) {
-            match notify(s, active) {
-                Ok(true) => {}
-                _ => s.outstanding.store(false, Ordering::Release),
-            }
-        }
         if cfg.publish && last_publish.elapsed() >= Duration::from_millis(500) {
-            let _ = report::publish(signal::getpid(), &published_ranges(s));
+            let _ = publish_live(s);
             last_publish = Instant::now();
         }
     }
+}
+
+/// Reset the counts of regions still sampled (not promoted, not awaiting a decision); pages
+/// with zero counts are not written, so the tables of never-used memory stay unpopulated.
+fn forget_undecided(s: &Shared) {
+    for r in s.tracker.ranges() {
+        for region in 0..r.regions() {
+            if r.mode(region) != RegionMode::Sample {
+                continue;
+            }
+            let first = region * PAGES_PER_REGION;
+            for i in first..(first + PAGES_PER_REGION).min(r.pages()) {
+                if r.acs(i) != 0 || r.obs(i) != 0 {
+                    r.reset_page(i);
+                }
+            }
+        }
+    }
+}
+
+/// Classify after a period and notify the decision step if there are active pages.
+fn classify_and_notify(s: &Shared, cfg: &HpsConfig) -> u64 {
+    let active = classify(s, cfg);
+    if active > 0 && cfg.notify != Notify::None && !s.outstanding.swap(true, Ordering::AcqRel) {
+        match notify(s, active) {
+            Ok(true) => {}
+            _ => s.outstanding.store(false, Ordering::Release),
+        }
+    }
+    active
 }

@@ -31,7 +31,7 @@ pub mod promote;
 
 pub use compact::HugeArena;
 pub use hps::{ActivePage, Hps, HpsConfig, HpsStats, Notify, Outcome};
-pub use policy::{decide, Decision, RegionRule, RegionView};
+pub use policy::{decide, Action, ConvergeRule, Convergence, Decision, RegionRule, RegionView, TrackState};
 
 /// A failure of HPS.
 #[derive(Debug, thiserror::Error)]

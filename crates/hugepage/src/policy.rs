@@ -118,6 +118,220 @@ pub fn thinned_interval_ms(base_ms: u64, max_ms: u64, idle_periods: u32) -> u64 
     base_ms.saturating_mul(1u64 << idle_periods.min(20)).min(max_ms.max(base_ms))
 }
 
+/// When tracking runs. Every observed access costs the application a fault, so tracking stops
+/// once placement has *converged* (the paper's applications stop their own tracking once they
+/// have promoted/compacted enough) and resumes when the hot set drifts (beyond the paper).
+///
+/// Converged: `quiet_steps` decision steps in a row changed nothing after the session decided
+/// something (a page needs several periods before its count decides its region, so quiet alone
+/// at the start of a session means nothing), or the session has lasted `max_session_steps`
+/// steps whatever it decided (a placement that keeps changing — a hot set moving all the time —
+/// is not worth tracking without end; the next drift or new memory restarts it).
+/// While converged, three signals restart tracking:
+/// - new memory to track (the caller's [`Convergence::on_new_memory`]);
+/// - a probe — one cheap sampling period every `probe_every` steps, which the caller runs when
+///   [`Action::Probe`] is returned — led to a new decision (`changed` of a later step);
+/// - the share of accesses served from hugepages, if the caller measures it (`hits`: accesses
+///   on hugepage memory and all accesses since the last step), judged over windows of
+///   `window_steps` steps with at least `min_samples` accesses, fell below `drift_drop` × its
+///   value at convergence. A share below `min_share` at convergence is no placement to keep:
+///   then any window under load restarts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ConvergeRule {
+    pub quiet_steps: u32,
+    pub max_session_steps: u32,
+    /// 0: no probes.
+    pub probe_every: u32,
+    pub window_steps: u32,
+    pub drift_drop: f64,
+    pub min_share: f64,
+    pub min_samples: u64,
+}
+
+impl Default for ConvergeRule {
+    fn default() -> Self {
+        ConvergeRule {
+            quiet_steps: 30,
+            max_session_steps: 200,
+            probe_every: 0,
+            window_steps: 10,
+            drift_drop: 0.5,
+            min_share: 0.05,
+            min_samples: 1000,
+        }
+    }
+}
+
+/// Whether tracking runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TrackState {
+    Tracking,
+    Converged,
+}
+
+impl TrackState {
+    pub fn name(self) -> &'static str {
+        match self {
+            TrackState::Tracking => "tracking",
+            TrackState::Converged => "converged",
+        }
+    }
+}
+
+/// What the caller does after a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Go on as before.
+    Continue,
+    /// Placement converged: stop tracking.
+    Stop,
+    /// Converged: run one cheap sampling period now.
+    Probe,
+    /// The hot set drifted (or new memory came): track again.
+    Restart,
+}
+
+/// The tracking state machine of [`ConvergeRule`] (pure: the caller feeds it steps).
+#[derive(Clone, Debug)]
+pub struct Convergence {
+    rule: ConvergeRule,
+    state: TrackState,
+    quiet: u32,
+    session: u32,
+    decided: bool,
+    /// Share of accesses on hugepage memory at the last convergence (None: none worth keeping).
+    baseline: Option<f64>,
+    /// Accesses (on hugepages, all) of the current session or window.
+    acc: (u64, u64),
+    window: u32,
+    since_probe: u32,
+    pub stops: u64,
+    pub restarts: u64,
+    pub probes: u64,
+}
+
+impl Convergence {
+    pub fn new(rule: ConvergeRule) -> Self {
+        Convergence {
+            rule,
+            state: TrackState::Tracking,
+            quiet: 0,
+            session: 0,
+            decided: false,
+            baseline: None,
+            acc: (0, 0),
+            window: 0,
+            since_probe: 0,
+            stops: 0,
+            restarts: 0,
+            probes: 0,
+        }
+    }
+
+    pub fn state(&self) -> TrackState {
+        self.state
+    }
+
+    pub fn rule(&self) -> &ConvergeRule {
+        &self.rule
+    }
+
+    /// The share of accesses on hugepages remembered at the last convergence.
+    pub fn baseline(&self) -> Option<f64> {
+        self.baseline
+    }
+
+    /// One step: `changed` is whether the decision step since the last call promoted,
+    /// compacted or otherwise decided something; `hits` the accesses (on hugepages, all) since
+    /// the last call, (0, 0) if not measured.
+    pub fn step(&mut self, changed: bool, hits: (u64, u64)) -> Action {
+        let hits = (hits.0.min(hits.1), hits.1);
+        self.acc = (self.acc.0 + hits.0, self.acc.1 + hits.1);
+        match self.state {
+            TrackState::Tracking => {
+                self.session += 1;
+                self.quiet = if changed { 0 } else { self.quiet + 1 };
+                self.decided |= changed;
+                let converged = (self.decided && self.quiet >= self.rule.quiet_steps)
+                    || self.session >= self.rule.max_session_steps;
+                if !converged {
+                    return Action::Continue;
+                }
+                let (huge, all) = self.acc;
+                let share = huge as f64 / all.max(1) as f64;
+                self.baseline = (all >= self.rule.min_samples && share >= self.rule.min_share).then_some(share);
+                self.state = TrackState::Converged;
+                self.stops += 1;
+                self.reset_counts();
+                Action::Stop
+            }
+            TrackState::Converged => {
+                if changed {
+                    return self.restart();
+                }
+                self.window += 1;
+                if self.window >= self.rule.window_steps.max(1) {
+                    let (huge, all) = self.acc;
+                    self.window = 0;
+                    self.acc = (0, 0);
+                    if all >= self.rule.min_samples {
+                        let share = huge as f64 / all as f64;
+                        match self.baseline {
+                            Some(b) if share >= b * self.rule.drift_drop => {}
+                            _ => return self.restart(),
+                        }
+                    }
+                }
+                if self.rule.probe_every > 0 {
+                    self.since_probe += 1;
+                    if self.since_probe >= self.rule.probe_every {
+                        self.since_probe = 0;
+                        self.probes += 1;
+                        return Action::Probe;
+                    }
+                }
+                Action::Continue
+            }
+        }
+    }
+
+    /// Memory was added to the tracked set: restart if converged.
+    pub fn on_new_memory(&mut self) -> Action {
+        match self.state {
+            TrackState::Converged => self.restart(),
+            TrackState::Tracking => {
+                // A fresh session: what is new has to be decided before converging.
+                self.quiet = 0;
+                Action::Continue
+            }
+        }
+    }
+
+    /// Track again now (the application asked for it).
+    pub fn force_restart(&mut self) -> Action {
+        match self.state {
+            TrackState::Converged => self.restart(),
+            TrackState::Tracking => Action::Continue,
+        }
+    }
+
+    fn restart(&mut self) -> Action {
+        self.state = TrackState::Tracking;
+        self.restarts += 1;
+        self.reset_counts();
+        Action::Restart
+    }
+
+    fn reset_counts(&mut self) {
+        self.quiet = 0;
+        self.session = 0;
+        self.decided = false;
+        self.acc = (0, 0);
+        self.window = 0;
+        self.since_probe = 0;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,6 +351,64 @@ mod tests {
         assert_eq!(decide(&v(64, 8), &r), Decision::ObserveFully);
         assert_eq!(decide(&v(64, 64), &r), Decision::Promote);
         assert_eq!(decide(&v(8, 8), &r), Decision::Observe);
+    }
+
+    fn rule() -> ConvergeRule {
+        ConvergeRule {
+            quiet_steps: 3,
+            max_session_steps: 10,
+            probe_every: 4,
+            window_steps: 2,
+            drift_drop: 0.5,
+            min_share: 0.05,
+            min_samples: 100,
+        }
+    }
+
+    #[test]
+    fn convergence_stops_after_quiet_steps_and_probes_while_stopped() {
+        let mut c = Convergence::new(rule());
+        assert_eq!(c.step(false, (0, 0)), Action::Continue);
+        assert_eq!(c.step(true, (90, 100)), Action::Continue);
+        assert_eq!(c.step(false, (90, 100)), Action::Continue);
+        assert_eq!(c.step(false, (90, 100)), Action::Continue);
+        assert_eq!(c.step(false, (90, 100)), Action::Stop);
+        assert_eq!(c.state(), TrackState::Converged);
+        assert_eq!(c.baseline(), Some(0.9));
+        // Steady share, no decisions: a probe every 4 steps, nothing else.
+        let acts: Vec<Action> = (0..8).map(|_| c.step(false, (80, 100))).collect();
+        assert_eq!(acts.iter().filter(|&&a| a == Action::Probe).count(), 2);
+        assert!(acts.iter().all(|&a| a != Action::Restart));
+        // A probe that led to a decision restarts.
+        assert_eq!(c.step(true, (0, 0)), Action::Restart);
+        assert_eq!((c.stops, c.restarts, c.probes), (1, 1, 2));
+    }
+
+    #[test]
+    fn convergence_restarts_when_the_share_halves_or_memory_comes() {
+        let mut c = Convergence::new(ConvergeRule { probe_every: 0, ..rule() });
+        c.step(true, (50, 100));
+        for _ in 0..3 {
+            c.step(false, (50, 100));
+        }
+        assert_eq!(c.state(), TrackState::Converged);
+        assert_eq!(c.step(false, (30, 100)), Action::Continue);
+        assert_eq!(c.step(false, (30, 100)), Action::Continue); // window 0.30 >= 0.25
+        assert_eq!(c.step(false, (20, 100)), Action::Continue);
+        // Window 0.20 < 0.25.
+        assert_eq!(c.step(false, (20, 100)), Action::Restart);
+        // A session that never decides anything converges after max_session_steps, with no
+        // baseline: then load alone restarts, no load does not.
+        let mut c = Convergence::new(rule());
+        for i in 1..=10 {
+            let a = c.step(false, (0, 10));
+            assert_eq!(a, if i == 10 { Action::Stop } else { Action::Continue });
+        }
+        assert_eq!(c.baseline(), None);
+        assert_eq!(c.step(false, (0, 10)), Action::Continue);
+        assert_eq!(c.step(false, (0, 10)), Action::Continue);
+        assert_eq!(c.on_new_memory(), Action::Restart);
+        assert_eq!(c.state(), TrackState::Tracking);
     }
 
     #[test]
@@ -186,6 +458,63 @@ mod tests {
                 prop_assert!(pause <= 10_000 + 10);
                 if s { prop_assert!(pause >= last_pause.min(10_000)); last_pause = pause; } else { prop_assert_eq!(pause, 0); last_pause = 0; }
                 now = t;
+            }
+        }
+
+        #[test]
+        fn convergence_invariants(steps in proptest::collection::vec((any::<bool>(), 0u64..200, 0u64..200, any::<bool>()), 1..400),
+                                  quiet in 1u32..20, idle in 1u32..50, probe in 0u32..10, window in 1u32..8) {
+            let r = ConvergeRule { quiet_steps: quiet, max_session_steps: idle, probe_every: probe, window_steps: window, drift_drop: 0.5, min_share: 0.05, min_samples: 50 };
+            let mut c = Convergence::new(r);
+            // Steps since tracking (re)started, and whether one of them decided something.
+            let (mut run, mut quiet_run, mut decided) = (0u32, 0u32, false);
+            let mut since_probe = 0u32;
+            for (changed, a, b, new_mem) in steps {
+                let before = c.state();
+                let act = if new_mem { c.on_new_memory() } else { c.step(changed, (a, b)) };
+                match (before, act) {
+                    (TrackState::Tracking, Action::Stop) => {
+                        prop_assert!(!new_mem);
+                        // Converged only after `quiet` quiet steps that followed a decision,
+                        // or once the session lasted `idle` steps.
+                        let decided_now = decided || changed;
+                        let quiet_now = if changed { 0 } else { quiet_run + 1 };
+                        prop_assert!((decided_now && quiet_now >= quiet) || run + 1 >= idle);
+                        prop_assert_eq!(c.state(), TrackState::Converged);
+                        since_probe = 0;
+                    }
+                    (TrackState::Tracking, a) => {
+                        prop_assert_eq!(a, Action::Continue);
+                        prop_assert_eq!(c.state(), TrackState::Tracking);
+                        if new_mem { quiet_run = 0; } else {
+                            run += 1;
+                            decided |= changed;
+                            quiet_run = if changed { 0 } else { quiet_run + 1 };
+                            // Never tracks longer than the bounds allow.
+                            prop_assert!(run < idle);
+                            prop_assert!(quiet_run < quiet || !decided);
+                        }
+                    }
+                    (TrackState::Converged, Action::Restart) => {
+                        prop_assert_eq!(c.state(), TrackState::Tracking);
+                        (run, quiet_run, decided) = (0, 0, false);
+                    }
+                    (TrackState::Converged, Action::Probe) => {
+                        prop_assert!(probe > 0 && !changed);
+                        prop_assert_eq!(since_probe + 1, probe);
+                        since_probe = 0;
+                    }
+                    (TrackState::Converged, a) => {
+                        prop_assert_eq!(a, Action::Continue);
+                        // A decision while converged always restarts.
+                        prop_assert!(!changed);
+                        if probe > 0 { since_probe += 1; prop_assert!(since_probe < probe); }
+                    }
+                }
+                if before == TrackState::Tracking && act == Action::Stop {
+                    (run, quiet_run, decided) = (0, 0, false);
+                }
+                prop_assert!(c.stops >= c.restarts && c.stops <= c.restarts + 1);
             }
         }
 

@@ -42,6 +42,21 @@ pub struct TrackedRange {
     cursor: AtomicUsize,
 }
 
+/// Per-page atomics that are all zero (0 / false) to begin with, from zeroed memory: tables
+/// this large come from mmap(2), whose pages stay unpopulated until written, so the tables of a
+/// large arena cost memory only where its pages are tracked (a 1 GiB arena has 2.75 MiB of
+/// them; filled in one by one they were all resident from the start).
+fn zeroed<T: ZeroIsDefault>(n: usize) -> Box<[T]> {
+    // SAFETY: T is an atomic integer or bool (ZeroIsDefault is implemented for those only), for
+    // which the all-zero bit pattern is a valid value (0 / false).
+    unsafe { Box::<[T]>::new_zeroed_slice(n).assume_init() }
+}
+
+/// Types whose all-zero bit pattern is a valid value.
+trait ZeroIsDefault {}
+impl ZeroIsDefault for AtomicU32 {}
+impl ZeroIsDefault for AtomicBool {}
+
 impl TrackedRange {
     fn new(start: usize, len: usize) -> Self {
         let pages = len / PAGE;
@@ -49,12 +64,12 @@ impl TrackedRange {
         TrackedRange {
             start,
             len,
-            acs: (0..pages).map(|_| AtomicU32::new(0)).collect(),
-            obs: (0..pages).map(|_| AtomicU32::new(0)).collect(),
-            armed: (0..pages).map(|_| AtomicBool::new(false)).collect(),
-            absent: (0..pages).map(|_| AtomicBool::new(false)).collect(),
+            acs: zeroed(pages),
+            obs: zeroed(pages),
+            armed: zeroed(pages),
+            absent: zeroed(pages),
             absent_count: AtomicUsize::new(0),
-            known_resident: (0..pages).map(|_| AtomicBool::new(false)).collect(),
+            known_resident: zeroed(pages),
             modes: (0..regions).map(|_| AtomicU8::new(RegionMode::Sample as u8)).collect(),
             cursor: AtomicUsize::new(0),
         }

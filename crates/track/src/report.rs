@@ -53,14 +53,36 @@ pub struct PublishedRange {
 
 /// Serialise ranges for publication.
 pub fn encode(ranges: &[(usize, Vec<u32>)]) -> String {
-    let mut s = String::from("# pagewise hps acscount v1\n");
-    for (start, counts) in ranges {
-        let _ = writeln!(s, "range {:x} {:x}", start, start + counts.len() * PAGE);
-        for (a, b, c) in runs(*start, counts) {
-            let _ = writeln!(s, "{}", run_line(a, b, c));
+    let getters: Vec<Box<dyn Fn(usize) -> u32 + '_>> =
+        ranges.iter().map(|(_, c)| Box::new(move |i: usize| c[i]) as Box<dyn Fn(usize) -> u32 + '_>).collect();
+    let views: Vec<RangeView<'_>> =
+        ranges.iter().zip(&getters).map(|((start, c), g)| (*start, c.len(), g.as_ref())).collect();
+    let mut out = Vec::new();
+    write_encoded(&mut out, &views).expect("writing to a Vec cannot fail");
+    String::from_utf8(out).expect("ASCII")
+}
+
+/// A range to publish read on the fly: start, pages, and the count of page `i`.
+pub type RangeView<'a> = (usize, usize, &'a dyn Fn(usize) -> u32);
+
+/// Write the published form of `ranges` (what [`encode`] returns) without copying the counts:
+/// the runs are found as the counts are read.
+pub fn write_encoded(w: &mut impl std::io::Write, ranges: &[RangeView<'_>]) -> std::io::Result<()> {
+    writeln!(w, "# pagewise hps acscount v1")?;
+    for &(start, pages, count) in ranges {
+        writeln!(w, "range {:x} {:x}", start, start + pages * PAGE)?;
+        let mut i = 0;
+        while i < pages {
+            let c = count(i);
+            let mut j = i + 1;
+            while j < pages && count(j) == c {
+                j += 1;
+            }
+            writeln!(w, "{}", run_line(start + i * PAGE, start + j * PAGE, c))?;
+            i = j;
         }
     }
-    s
+    Ok(())
 }
 
 fn hex(s: &str) -> Result<usize> {
@@ -100,6 +122,29 @@ pub fn publish(pid: i32, ranges: &[(usize, Vec<u32>)]) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(io)?;
     let tmp = path.with_extension("acs.tmp");
     std::fs::write(&tmp, encode(ranges)).map_err(io)?;
+    std::fs::rename(&tmp, &path).map_err(io)?;
+    Ok(())
+}
+
+/// Publish like [`publish`], reading the counts on the fly through a small buffer: a tracker
+/// publishing every half second then allocates no copy of its counts (a 1 GiB arena's are 1 MiB,
+/// their text several), which the allocator would keep resident in the tracking thread.
+/// `note` (one line, may be empty) is written as a comment after the header, e.g. the tracking
+/// state: `# tracking converged`.
+pub fn publish_views(pid: i32, note: &str, ranges: &[RangeView<'_>]) -> Result<()> {
+    let path = published_path(pid);
+    let dir = path.parent().expect("has a parent");
+    let io = |source| Error::Io { path: path.display().to_string(), source };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let tmp = path.with_extension("acs.tmp");
+    let file = std::fs::File::create(&tmp).map_err(io)?;
+    let mut w = std::io::BufWriter::with_capacity(16 << 10, file);
+    if !note.is_empty() {
+        std::io::Write::write_all(&mut w, format!("# {}\n", note.replace('\n', " ")).as_bytes()).map_err(io)?;
+    }
+    write_encoded(&mut w, ranges).map_err(io)?;
+    std::io::Write::flush(&mut w).map_err(io)?;
+    drop(w);
     std::fs::rename(&tmp, &path).map_err(io)?;
     Ok(())
 }
