@@ -697,3 +697,87 @@ impl Experiment for SparkHugepages {
         Ok(report)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn done(workload: &str, checksum: &str, cost: Option<f64>, cached_partitions: u32) -> Done {
+        Done {
+            workload: workload.into(),
+            bytes: 1 << 30,
+            cached_bytes: 1 << 30,
+            cached_partitions,
+            partitions: 8,
+            non_local_blocks: 0,
+            checksum: checksum.into(),
+            cost,
+            start_ms: 1000.0,
+            end_ms: 9000.0,
+        }
+    }
+
+    #[test]
+    fn configurations_must_agree_and_cache_everything() {
+        let a = done("micro", "10:5:7", None, 8);
+        let b = done("micro", "10:5:7", None, 8);
+        assert!(check_results("micro", 1 << 30, &[(Config::Off, &a), (Config::Part, &b)]).is_ok());
+        let c = done("micro", "10:5:8", None, 8);
+        assert!(check_results("micro", 1 << 30, &[(Config::Off, &a), (Config::Part, &c)]).is_err());
+        let partial = done("micro", "10:5:7", None, 7);
+        let e = check_results("micro", 1 << 30, &[(Config::Off, &a), (Config::Part, &partial)]).unwrap_err();
+        assert!(e.to_string().contains("7 of 8 partitions cached"), "{e}");
+        // k-means: the cost may differ in its last bits (merge order), not more.
+        let k1 = done("kmeans", "100", Some(238621316.45090482), 8);
+        let k2 = done("kmeans", "100", Some(238621316.45090485), 8);
+        let k3 = done("kmeans", "100", Some(238621316.45090485 * (1.0 + 1e-4)), 8);
+        assert!(check_results("kmeans", 1 << 30, &[(Config::Off, &k1), (Config::Entire, &k2)]).is_ok());
+        assert!(check_results("kmeans", 1 << 30, &[(Config::Off, &k1), (Config::Entire, &k3)]).is_err());
+    }
+
+    #[test]
+    fn figures_come_from_the_phases_and_samples_of_their_workload() {
+        let phase = |workload: &str, name: &str, pass, start_ms: f64, end_ms: f64| Phase {
+            workload: workload.into(),
+            bytes: 1 << 30,
+            phase: name.into(),
+            pass,
+            start_ms,
+            end_ms,
+            s: (end_ms - start_ms) / 1e3,
+        };
+        let app = App {
+            jvm_start_s: 10.0,
+            start_ms: 1000.0,
+            executors: 4,
+            phases: vec![
+                phase("micro", "cache", 0, 1000.0, 4000.0),
+                phase("micro", "random", 0, 4000.0, 5000.0),
+                phase("micro", "random", 1, 5000.0, 6000.0),
+                phase("micro", "scan", 0, 6000.0, 8000.0),
+                phase("micro", "unpersist", 0, 8000.0, 9000.0),
+                phase("kmeans", "cache", 0, 9000.0, 9500.0),
+            ],
+            done: vec![done("micro", "x", None, 8)],
+            // Before the workload (ignored), rising during caching, a peak, then freed.
+            series: vec![
+                (500.0, 4 << 30, 5 << 30),
+                (2000.0, 1 << 29, 1 << 30),
+                (3500.0, 1 << 30, 2 << 30),
+                (4500.0, (1 << 30) + (1 << 20), 2 << 30),
+                (9500.0, 8 << 30, 9 << 30),
+            ],
+        };
+        let f = app.figures("micro", 1 << 30).unwrap();
+        assert_eq!(f.cache_s, 3.0);
+        assert_eq!(f.random_s, 2.0);
+        assert_eq!(f.scan_s, 2.0);
+        assert_eq!(f.access_s(), 4.0);
+        assert_eq!(f.run_s(), 7.0);
+        assert_eq!(f.peak_huge, (1 << 30) + (1 << 20));
+        assert_eq!(f.peak_rss, 2 << 30);
+        assert_eq!(f.reach_s, Some(2.5));
+        assert_eq!(f.first_pass_end_s, 4.0);
+        assert!(app.figures("kmeans", 1 << 30).is_err(), "no result for kmeans: an error, not zeros");
+    }
+}
