@@ -201,28 +201,118 @@ impl Cluster {
     }
 }
 
-/// One run's figures.
-#[derive(Clone, Debug, Default)]
-struct Run {
-    total_s: f64,
-    cache_s: f64,
-    access_s: f64,
-    cached_bytes: u64,
-    checksum: String,
-    /// (t_s, hugepage bytes, rss) summed over the executors.
-    series: Vec<(f64, u64, u64)>,
-    /// First time the hugepage bytes reached 90% of the cached bytes.
-    t_reach_s: Option<f64>,
-    /// When the access phase ended, relative to the first sample.
-    access_end_s: f64,
-    peak_huge: u64,
-    peak_rss: u64,
+/// A phase the application timed (cache, one access pass, k-means, unpersist).
+#[derive(Clone, Debug, serde::Deserialize, serde::Serialize)]
+struct Phase {
+    workload: String,
+    bytes: u64,
+    phase: String,
+    pass: u32,
+    start_ms: f64,
+    end_ms: f64,
+    s: f64,
 }
 
-/// Sum AnonHugePages and Rss over the executor JVMs every 500 ms.
+/// The application's result for one workload at one size.
+#[derive(Clone, Debug, serde::Deserialize, serde::Serialize)]
+struct Done {
+    workload: String,
+    bytes: u64,
+    cached_bytes: u64,
+    cached_partitions: u32,
+    partitions: u32,
+    non_local_blocks: u64,
+    checksum: String,
+    cost: Option<f64>,
+    start_ms: f64,
+    end_ms: f64,
+}
+
+/// One application (one configuration, one repetition): every workload at every size.
+#[derive(Clone, Debug)]
+struct App {
+    /// spark-submit started until the application saw all executors registered.
+    jvm_start_s: f64,
+    /// Epoch ms of that moment (the origin of the plots).
+    start_ms: f64,
+    executors: u32,
+    phases: Vec<Phase>,
+    done: Vec<Done>,
+    /// (epoch ms, hugepage bytes, rss) summed over the executors.
+    series: Vec<(f64, u64, u64)>,
+}
+
+/// The figures of one workload at one size in one application.
+#[derive(Clone, Debug, Default)]
+struct Figures {
+    cache_s: f64,
+    random_s: f64,
+    scan_s: f64,
+    kmeans_s: f64,
+    cached: u64,
+    peak_huge: u64,
+    peak_rss: u64,
+    /// Seconds from the start of caching until the hugepage bytes first reached 90% of the
+    /// cached bytes.
+    reach_s: Option<f64>,
+    /// Seconds from the start of caching until the first access pass ended.
+    first_pass_end_s: f64,
+    non_local: u64,
+}
+
+impl Figures {
+    /// The access phase: random + scan passes (micro), k-means iterations (kmeans).
+    fn access_s(&self) -> f64 {
+        self.random_s + self.scan_s + self.kmeans_s
+    }
+
+    /// Run time: caching and the access phase (unpersist excluded).
+    fn run_s(&self) -> f64 {
+        self.cache_s + self.access_s()
+    }
+}
+
+impl App {
+    fn done(&self, workload: &str, bytes: u64) -> anyhow::Result<&Done> {
+        self.done
+            .iter()
+            .find(|d| d.workload == workload && d.bytes == bytes)
+            .with_context(|| format!("the application gave no result for {workload} {}", human_bytes(bytes)))
+    }
+
+    fn figures(&self, workload: &str, bytes: u64) -> anyhow::Result<Figures> {
+        let d = self.done(workload, bytes)?;
+        let phases: Vec<&Phase> = self.phases.iter().filter(|p| p.workload == workload && p.bytes == bytes).collect();
+        let sum = |name: &str| phases.iter().filter(|p| p.phase == name).map(|p| p.s).sum::<f64>();
+        let first_access = phases.iter().find(|p| matches!(p.phase.as_str(), "random" | "scan" | "kmeans"));
+        let window: Vec<&(f64, u64, u64)> =
+            self.series.iter().filter(|p| p.0 >= d.start_ms && p.0 <= d.end_ms).collect();
+        let cached = d.cached_bytes;
+        Ok(Figures {
+            cache_s: sum("cache"),
+            random_s: sum("random"),
+            scan_s: sum("scan"),
+            kmeans_s: sum("kmeans"),
+            cached,
+            peak_huge: window.iter().map(|p| p.1).max().unwrap_or(0),
+            peak_rss: window.iter().map(|p| p.2).max().unwrap_or(0),
+            reach_s: window
+                .iter()
+                .find(|p| cached > 0 && p.1 as f64 >= 0.9 * cached as f64)
+                .map(|p| (p.0 - d.start_ms) / 1e3),
+            first_pass_end_s: first_access.map_or(f64::NAN, |p| (p.end_ms - d.start_ms) / 1e3),
+            non_local: d.non_local_blocks,
+        })
+    }
+}
+
+fn epoch_ms() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64() * 1e3)
+}
+
+/// Sum AnonHugePages and Rss over the executor JVMs every 250 ms.
 fn sample_executors(stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<(f64, u64, u64)>> {
     std::thread::spawn(move || {
-        let t0 = Instant::now();
         let mut out = Vec::new();
         while !stop.load(Ordering::Relaxed) {
             let (mut huge, mut rss) = (0, 0);
@@ -232,8 +322,8 @@ fn sample_executors(stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<(f64, 
                     rss += u.rss;
                 }
             }
-            out.push((t0.elapsed().as_secs_f64(), huge, rss));
-            std::thread::sleep(Duration::from_millis(500));
+            out.push((epoch_ms(), huge, rss));
+            std::thread::sleep(Duration::from_millis(250));
         }
         out
     })
@@ -245,9 +335,15 @@ struct Setup {
     url: String,
     logs: PathBuf,
     executor_mem_mb: u64,
+    sizes: Vec<u64>,
+    workloads: Vec<&'static str>,
+    random_passes: u32,
+    scan_passes: u32,
+    kmeans_iters: u32,
 }
 
-fn run_once(s: &Setup, cfg: Config, workload: &str, bytes: u64, passes: u32) -> anyhow::Result<Run> {
+/// One application of StorageBench on the cluster, every workload at every size in turn.
+fn run_app(s: &Setup, cfg: Config, rep: usize) -> anyhow::Result<App> {
     let opts = cfg.executor_java_options(&s.jar);
     let mut cmd = Command::new(s.home.join("bin/spark-submit"));
     die_with_us(&mut cmd);
@@ -260,14 +356,22 @@ fn run_once(s: &Setup, cfg: Config, workload: &str, bytes: u64, passes: u32) -> 
         .args(["--conf", "spark.storage.unrollMemoryThreshold=4194304"])
         .args(["--conf", "spark.serializer=org.apache.spark.serializer.KryoSerializer"])
         .args(["--conf", "spark.ui.enabled=false", "--conf", "spark.driver.host=127.0.0.1"])
-        .args(["--conf", "spark.locality.wait=0"]);
+        // Access passes run where their block is cached (the default 3 s wait, made longer
+        // for a loaded machine); the application counts any task that did not.
+        .args(["--conf", "spark.locality.wait=10s"]);
     if !opts.is_empty() {
         cmd.args(["--conf", &format!("spark.executor.extraJavaOptions={opts}")]);
     }
-    let log = std::fs::File::create(s.logs.join(format!("submit-{}-{workload}-{bytes}.log", cfg.name())))?;
+    let log = std::fs::File::create(s.logs.join(format!("submit-{}-{rep}.log", cfg.name())))?;
+    let join = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
     let mut child = cmd
         .arg(&s.jar)
-        .args([workload, &bytes.to_string(), &format!("{passes},8")])
+        .arg(format!("sizes={}", join(&s.sizes)))
+        .arg(format!("workloads={}", s.workloads.join(",")))
+        .arg(format!("random={}", s.random_passes))
+        .arg(format!("scan={}", s.scan_passes))
+        .arg(format!("iters={}", s.kmeans_iters))
+        .args(["parts=8", "executors=4"])
         .stdout(Stdio::piped())
         .stderr(log)
         .spawn()
@@ -275,39 +379,72 @@ fn run_once(s: &Setup, cfg: Config, workload: &str, bytes: u64, passes: u32) -> 
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = sample_executors(stop.clone());
     let t0 = Instant::now();
-    let mut result = None;
+    let (mut start, mut phases, mut done) = (None, Vec::new(), Vec::new());
+    let mut lines = Vec::new();
     for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
         let line = line?;
-        if let Some(j) = line.strip_prefix("PAGEWISE-RESULT ") {
-            result = Some((serde_json::from_str::<serde_json::Value>(j)?, t0.elapsed().as_secs_f64()));
+        if let Some(j) = line.strip_prefix("PAGEWISE-START ") {
+            let v: serde_json::Value = serde_json::from_str(j).with_context(|| format!("parsing {line:?}"))?;
+            start = Some((t0.elapsed().as_secs_f64(), v["t_ms"].as_f64().unwrap_or(0.0), v["executors"].as_u64()));
+        } else if let Some(j) = line.strip_prefix("PAGEWISE-PHASE ") {
+            phases.push(serde_json::from_str::<Phase>(j).with_context(|| format!("parsing {line:?}"))?);
+        } else if let Some(j) = line.strip_prefix("PAGEWISE-RESULT ") {
+            done.push(serde_json::from_str::<Done>(j).with_context(|| format!("parsing {line:?}"))?);
         }
+        lines.push(line);
     }
     let st = child.wait()?;
     stop.store(true, Ordering::Relaxed);
     let series = sampler.join().unwrap_or_default();
-    let Some((r, end_s)) = result else {
-        bail!("spark-submit ({} {workload}) gave no result (exit {st}); see {}", cfg.name(), s.logs.display());
+    std::fs::write(s.logs.join(format!("submit-{}-{rep}.out", cfg.name())), lines.join("\n"))?;
+    let log = s.logs.join(format!("submit-{}-{rep}.log", cfg.name()));
+    let Some((jvm_start_s, start_ms, executors)) = start else {
+        bail!("spark-submit ({}) did not start (exit {st}); see {}", cfg.name(), log.display());
     };
-    let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
-    let passes: Vec<f64> =
-        r["pass_s"].as_array().map(|a| a.iter().filter_map(|v| v.as_f64()).collect()).unwrap_or_default();
-    let cached = r["cached_bytes"].as_u64().unwrap_or(0);
-    // The result line is printed just after the access phase; the JVM start-up before the
-    // first sample is the same for every configuration.
-    let access_end_s = end_s;
-    let t_reach_s = series.iter().find(|p| cached > 0 && p.1 as f64 >= 0.9 * cached as f64).map(|p| p.0);
-    Ok(Run {
-        total_s: f("total_s"),
-        cache_s: f("cache_s"),
-        access_s: passes.iter().sum(),
-        cached_bytes: cached,
-        checksum: r["checksum"].as_str().unwrap_or_default().to_string(),
-        peak_huge: series.iter().map(|p| p.1).max().unwrap_or(0),
-        peak_rss: series.iter().map(|p| p.2).max().unwrap_or(0),
-        t_reach_s,
-        access_end_s,
-        series,
-    })
+    if !st.success() {
+        bail!("spark-submit ({}) failed (exit {st}); see {}", cfg.name(), log.display());
+    }
+    let executors = executors.unwrap_or(0) as u32;
+    if executors != 4 {
+        bail!("spark-submit ({}): {executors} executors registered, not 4; see {}", cfg.name(), log.display());
+    }
+    Ok(App { jvm_start_s, start_ms, executors, phases, done, series })
+}
+
+/// Every configuration must compute the same: the micro checksum exactly, k-means the same
+/// number of points and the same cost up to the order in which partition sums were merged.
+fn check_results(workload: &str, bytes: u64, all: &[(Config, &Done)]) -> anyhow::Result<()> {
+    let (c0, d0) = all[0];
+    for &(c, d) in all {
+        if d.cached_partitions != d.partitions || d.cached_bytes == 0 {
+            bail!(
+                "{workload} {} ({}): {} of {} partitions cached — the dataset was not in Storage Memory",
+                human_bytes(bytes),
+                c.name(),
+                d.cached_partitions,
+                d.partitions
+            );
+        }
+        let same = d.checksum == d0.checksum
+            && match (d.cost, d0.cost) {
+                (Some(a), Some(b)) => (a - b).abs() <= 1e-6 * b.abs().max(1.0),
+                (None, None) => true,
+                _ => false,
+            };
+        if !same {
+            bail!(
+                "{workload} {}: configurations disagree on the result: {} {} {:?} vs {} {} {:?}",
+                human_bytes(bytes),
+                c0.name(),
+                d0.checksum,
+                d0.cost,
+                c.name(),
+                d.checksum,
+                d.cost
+            );
+        }
+    }
+    Ok(())
 }
 
 impl Experiment for SparkHugepages {
@@ -333,6 +470,8 @@ impl Experiment for SparkHugepages {
                 .collect::<Result<_, _>>()
                 .with_context(|| format!("PAGEWISE_SPARK_SIZES_MB={v:?} is not a list of MiB"))?;
         }
+        sizes.sort_unstable();
+        sizes.dedup();
         // The cached data lives in 4 executors; each needs room for its share in storage
         // memory plus working space. Sizes the machine cannot hold are skipped and named.
         let fits = |b: u64| b * 3 < mem_total;
@@ -340,10 +479,10 @@ impl Experiment for SparkHugepages {
         let max = *sizes.iter().max().context("no data size fits this machine's memory")?;
         let executor_mem_mb = (((max / 4) * 5 / 2) >> 20).max(1536);
         let reps = ctx.mode.pick(1, 3);
-        let passes = ctx.mode.pick(5, 10);
+        let (random_passes, scan_passes, kmeans_iters) = ctx.mode.pick((3, 1, 3), (10, 2, 10));
         let configs = [Config::Off, Config::Entire, Config::Part, Config::PartOld];
         // PAGEWISE_SPARK_WORKLOADS=micro runs one workload (a smoke run on a busy machine).
-        let workloads: Vec<&str> = match std::env::var("PAGEWISE_SPARK_WORKLOADS") {
+        let workloads: Vec<&'static str> = match std::env::var("PAGEWISE_SPARK_WORKLOADS") {
             Ok(v) if v == "micro" => vec!["micro"],
             Ok(v) if v == "kmeans" => vec!["kmeans"],
             Ok(v) if v != "micro,kmeans" => bail!("PAGEWISE_SPARK_WORKLOADS={v:?}: micro, kmeans or micro,kmeans"),
@@ -353,93 +492,202 @@ impl Experiment for SparkHugepages {
         std::fs::create_dir_all(&logs)?;
         ctx.message("starting the standalone cluster");
         let cluster = Cluster::start(&home, &logs, executor_mem_mb * 2 + 512)?;
-        let setup = Setup { home, jar, url: cluster.url.clone(), logs, executor_mem_mb };
-        ctx.start_progress((sizes.len() * workloads.len() * configs.len() * reps) as u64, "spark runs");
+        let setup = Setup {
+            home,
+            jar,
+            url: cluster.url.clone(),
+            logs,
+            executor_mem_mb,
+            sizes: sizes.clone(),
+            workloads: workloads.clone(),
+            random_passes,
+            scan_passes,
+            kmeans_iters,
+        };
+        ctx.start_progress((configs.len() * reps) as u64, "spark applications");
+        let apps = interleave(ctx, &configs, reps, |&c, rep| {
+            ctx.message(format!("{} (repetition {})", c.name(), rep + 1));
+            run_app(&setup, c, rep)
+        })?;
+        drop(cluster);
 
         let mut report = Report::default();
         let mut table = Table::new([
             "workload",
             "data",
             "config",
-            "run time s",
+            "run s",
+            "vs off",
+            "cache s",
+            "vs off",
             "access s",
             "vs off",
             "hugepage bytes / cached",
-            "90% reached (s)",
+            "90% at s (1st pass ends)",
             "peak RSS",
         ]);
-        let mut plot = Plot::new("Executors' hugepage bytes over time (micro, largest size)", "s", "GiB");
+        let mut passes = Table::new(["data", "config", "random passes s", "vs off", "scan passes s", "vs off"]);
         let mut data = Vec::new();
-        for &workload in &workloads {
-            for &bytes in &sizes {
-                ctx.message(format!("{workload} {}", human_bytes(bytes)));
-                let runs = interleave(ctx, &configs, reps, |&c, _| run_once(&setup, c, workload, bytes, passes))?;
-                let med = |i: usize, f: fn(&Run) -> f64| Summary::of(&runs[i].iter().map(f).collect::<Vec<_>>()).median;
-                let off_t = med(0, |r| r.total_s);
-                let checks: Vec<&str> = runs.iter().flat_map(|rs| rs.iter().map(|r| r.checksum.as_str())).collect();
-                if checks.windows(2).any(|w| w[0] != w[1]) {
-                    bail!("{workload} {}: configurations disagree on the result: {checks:?}", human_bytes(bytes));
-                }
+        for &bytes in &sizes {
+            for &workload in &workloads {
+                let all: Vec<(Config, &Done)> = configs
+                    .iter()
+                    .zip(&apps)
+                    .flat_map(|(&c, rs)| rs.iter().map(move |a| (c, a)))
+                    .map(|(c, a)| a.done(workload, bytes).map(|d| (c, d)))
+                    .collect::<anyhow::Result<_>>()?;
+                check_results(workload, bytes, &all)?;
+                let figs: Vec<Vec<Figures>> = apps
+                    .iter()
+                    .map(|rs| rs.iter().map(|a| a.figures(workload, bytes)).collect::<anyhow::Result<_>>())
+                    .collect::<anyhow::Result<_>>()?;
+                let med = |i: usize, f: fn(&Figures) -> f64| Summary::of(&figs[i].iter().map(f).collect::<Vec<_>>());
+                let show = |i: usize, f: fn(&Figures) -> f64| med(i, f).display(2);
+                let vs_off =
+                    |i: usize, f: fn(&Figures) -> f64| format!("{:.3}", ratio(med(i, f).median, med(0, f).median));
                 for (i, c) in configs.iter().enumerate() {
-                    let last = runs[i].last().expect("reps >= 1");
-                    let cached = last.cached_bytes.max(1);
+                    let last = figs[i].last().expect("reps >= 1");
+                    let cached = last.cached.max(1);
                     table.row([
                         workload.to_string(),
                         human_bytes(bytes),
                         c.name().to_string(),
-                        format!("{:.2}", med(i, |r| r.total_s)),
-                        format!("{:.2}", med(i, |r| r.access_s)),
-                        format!("{:.3}", ratio(med(i, |r| r.total_s), off_t)),
+                        show(i, Figures::run_s),
+                        vs_off(i, Figures::run_s),
+                        show(i, |f| f.cache_s),
+                        vs_off(i, |f| f.cache_s),
+                        show(i, Figures::access_s),
+                        vs_off(i, Figures::access_s),
                         format!("{:.2}", last.peak_huge as f64 / cached as f64),
-                        last.t_reach_s.map_or("never".into(), |t| format!("{t:.1} (end {:.1})", last.access_end_s)),
+                        format!(
+                            "{} ({:.1})",
+                            last.reach_s.map_or("never".into(), |t| format!("{t:.1}")),
+                            last.first_pass_end_s
+                        ),
                         human_bytes(last.peak_rss),
                     ]);
-                    if workload == "micro" && bytes == max {
-                        plot.series(
-                            c.name(),
-                            last.series.iter().map(|p| (p.0, p.1 as f64 / (1u64 << 30) as f64)).collect(),
-                        );
+                    if workload == "micro" {
+                        passes.row([
+                            human_bytes(bytes),
+                            c.name().to_string(),
+                            show(i, |f| f.random_s),
+                            vs_off(i, |f| f.random_s),
+                            show(i, |f| f.scan_s),
+                            vs_off(i, |f| f.scan_s),
+                        ]);
                     }
                     data.push(json!({
                         "workload": workload, "bytes": bytes, "config": c.name(),
-                        "total_s": runs[i].iter().map(|r| r.total_s).collect::<Vec<_>>(),
-                        "cache_s": runs[i].iter().map(|r| r.cache_s).collect::<Vec<_>>(),
-                        "access_s": runs[i].iter().map(|r| r.access_s).collect::<Vec<_>>(),
-                        "cached_bytes": last.cached_bytes, "peak_hugepage_bytes": last.peak_huge,
-                        "peak_rss": last.peak_rss, "t_reach_90pct_s": last.t_reach_s, "access_end_s": last.access_end_s,
-                        "series": last.series,
+                        "run_s": figs[i].iter().map(Figures::run_s).collect::<Vec<_>>(),
+                        "cache_s": figs[i].iter().map(|f| f.cache_s).collect::<Vec<_>>(),
+                        "access_s": figs[i].iter().map(Figures::access_s).collect::<Vec<_>>(),
+                        "random_s": figs[i].iter().map(|f| f.random_s).collect::<Vec<_>>(),
+                        "scan_s": figs[i].iter().map(|f| f.scan_s).collect::<Vec<_>>(),
+                        "kmeans_s": figs[i].iter().map(|f| f.kmeans_s).collect::<Vec<_>>(),
+                        "cached_bytes": last.cached, "peak_hugepage_bytes": last.peak_huge, "peak_rss": last.peak_rss,
+                        "t_reach_90pct_s": last.reach_s, "first_pass_end_s": last.first_pass_end_s,
+                        "non_local_blocks": figs[i].iter().map(|f| f.non_local).sum::<u64>(),
                     }));
                 }
-                if bytes == max && workload == "micro" {
-                    let t = |i: usize| med(i, |r| r.total_s);
+                if bytes == max {
+                    let m = |i: usize, f: fn(&Figures) -> f64| med(i, f).median;
                     let huge = |i: usize| {
-                        let l = runs[i].last().expect("reps >= 1");
-                        l.peak_huge as f64 / l.cached_bytes.max(1) as f64
+                        let l = figs[i].last().expect("reps >= 1");
+                        l.peak_huge as f64 / l.cached.max(1) as f64
                     };
-                    report.figure("part_vs_entire_time", ratio(t(2), t(1)));
-                    report.figure("part_vs_off_time", ratio(t(2), t(0)));
-                    report.figure("part_old_vs_off_time", ratio(t(3), t(0)));
-                    report.figure("entire_vs_off_time", ratio(t(1), t(0)));
-                    report.figure("part_hugepage_bytes_vs_cached", huge(2));
-                    report.figure("entire_hugepage_bytes_vs_cached", huge(1));
-                    report.figure("part_old_hugepage_bytes_vs_cached", huge(3));
-                }
-                if bytes == max && workload == "kmeans" {
-                    let t = |i: usize| med(i, |r| r.total_s);
-                    report.figure("kmeans_part_vs_off_time", ratio(t(2), t(0)));
-                    report.figure("kmeans_part_vs_entire_time", ratio(t(2), t(1)));
+                    let (off, entire, part, old) = (0, 1, 2, 3);
+                    if workload == "micro" {
+                        report.figure("part_vs_entire_time", ratio(m(part, Figures::run_s), m(entire, Figures::run_s)));
+                        report.figure("part_vs_off_time", ratio(m(part, Figures::run_s), m(off, Figures::run_s)));
+                        report.figure(
+                            "part_vs_off_access_time",
+                            ratio(m(part, Figures::access_s), m(off, Figures::access_s)),
+                        );
+                        report
+                            .figure("part_vs_off_random_time", ratio(m(part, |f| f.random_s), m(off, |f| f.random_s)));
+                        report.figure("part_vs_off_scan_time", ratio(m(part, |f| f.scan_s), m(off, |f| f.scan_s)));
+                        report.figure("part_vs_off_cache_time", ratio(m(part, |f| f.cache_s), m(off, |f| f.cache_s)));
+                        report.figure("entire_vs_off_time", ratio(m(entire, Figures::run_s), m(off, Figures::run_s)));
+                        report.figure(
+                            "entire_vs_off_random_time",
+                            ratio(m(entire, |f| f.random_s), m(off, |f| f.random_s)),
+                        );
+                        report.figure("part_old_vs_off_time", ratio(m(old, Figures::run_s), m(off, Figures::run_s)));
+                        report.figure("part_hugepage_bytes_vs_cached", huge(part));
+                        report.figure("entire_hugepage_bytes_vs_cached", huge(entire));
+                        report.figure("part_old_hugepage_bytes_vs_cached", huge(old));
+                        let l = figs[part].last().expect("reps >= 1");
+                        report.figure("part_hugepage_90pct_s", l.reach_s.map_or(serde_json::Value::Null, |t| json!(t)));
+                        report.figure("part_first_pass_end_s", l.first_pass_end_s);
+                        let l = figs[old].last().expect("reps >= 1");
+                        report.figure(
+                            "part_old_hugepage_90pct_s",
+                            l.reach_s.map_or(serde_json::Value::Null, |t| json!(t)),
+                        );
+                        report.figure("off_micro_run_s", m(off, Figures::run_s));
+                    } else {
+                        report
+                            .figure("kmeans_part_vs_off_time", ratio(m(part, Figures::run_s), m(off, Figures::run_s)));
+                        report.figure(
+                            "kmeans_part_vs_entire_time",
+                            ratio(m(part, Figures::run_s), m(entire, Figures::run_s)),
+                        );
+                        report.figure(
+                            "kmeans_part_vs_off_iterations_time",
+                            ratio(m(part, |f| f.kmeans_s), m(off, |f| f.kmeans_s)),
+                        );
+                    }
                 }
             }
         }
-        drop(cluster);
+        let jvm: Vec<f64> = apps.iter().flatten().map(|a| a.jvm_start_s).collect();
+        report.figure("jvm_start_s", Summary::of(&jvm).median);
         report.table("", table);
-        report.plots.push(plot);
-        report.data = json!({ "reps": reps, "passes": passes, "executor_memory_mb": executor_mem_mb, "runs": data });
+        report.table("micro access passes (random: dependent reads in place across each cached block; scan: deserialize every record)", passes);
+        let mut huge_plot =
+            Plot::new("Executors' hugepage bytes over the application (every workload and size in turn)", "s", "GiB");
+        let mut rss_plot = Plot::new("Executors' RSS over the application", "s", "GiB");
+        for (c, rs) in configs.iter().zip(&apps) {
+            let a = rs.last().expect("reps >= 1");
+            let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+            let t = |ms: f64| (ms - a.start_ms) / 1e3;
+            huge_plot.series(c.name(), a.series.iter().map(|p| (t(p.0), gib(p.1))).collect());
+            rss_plot.series(c.name(), a.series.iter().map(|p| (t(p.0), gib(p.2))).collect());
+        }
+        report.plots.push(huge_plot);
+        report.plots.push(rss_plot);
+        report.data = json!({
+            "reps": reps, "random_passes": random_passes, "scan_passes": scan_passes, "kmeans_iterations": kmeans_iters,
+            "executor_memory_mb": executor_mem_mb, "runs": data,
+            "apps": configs.iter().zip(&apps).map(|(c, rs)| json!({
+                "config": c.name(),
+                "reps": rs.iter().map(|a| json!({
+                    "jvm_start_s": a.jvm_start_s, "start_ms": a.start_ms, "executors": a.executors,
+                    "phases": a.phases, "results": a.done,
+                    "series": a.series.iter().map(|p| ((p.0 - a.start_ms) / 1e3, p.1, p.2)).collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        });
         report.note(format!(
-            "Standalone cluster (Spark {SPARK_VERSION} from the pyspark package): master + 2 workers x 2 executors (1 core, {executor_mem_mb} MiB each); \
-             {reps} repetition(s) interleaved off/entire/part/part-old; MEMORY_ONLY_SER, Kryo, 4 MiB chunks; {passes} access passes (micro) / k-means iterations. \
-             Hugepage bytes: AnonHugePages summed over the executors' smaps_rollup, peak over the run, against Spark's own cached bytes."
+            "Standalone cluster (Spark {SPARK_VERSION} from the pyspark package): master + 2 workers x 2 executors (1 core, {executor_mem_mb} MiB heap each, the same JVM flags in every configuration but the hugepage one); \
+             one application per configuration and repetition ({reps} interleaved off/entire/part/part-old) runs every size ({}) and workload in turn, unpersisting in between; \
+             MEMORY_ONLY_SER, Kryo, 4 MiB chunks. micro: cache 1 KiB records, {random_passes} random passes (a dependent chain of 8-byte reads at random offsets of each cached block, \
+             read in place, one per 256 bytes cached) and {scan_passes} scan pass(es) (deserialize and sum every record); kmeans: MLlib k-means (k = 8, {kmeans_iters} iterations) over the cached points. \
+             Times are measured inside the application: run = cache + access passes; JVM start (spark-submit to all 4 executors registered) is outside it (median {:.1} s).",
+            sizes.iter().map(|&b| human_bytes(b)).collect::<Vec<_>>().join(", "),
+            Summary::of(&jvm).median
         ));
+        report.note(
+            "Hugepage bytes: AnonHugePages summed over the executors' smaps_rollup every 250 ms, peak while the workload ran at that size, against Spark's own cached bytes; \
+             90% at: seconds from the start of caching until they first reached 90% of the cached bytes, with the end of the first access pass in parentheses. \
+             The arena keeps freed regions (and their hugepages) for reuse, so at the second size part starts with the first size's regions.",
+        );
+        let non_local: u64 = apps.iter().flatten().flat_map(|a| a.done.iter().map(|d| d.non_local_blocks)).sum();
+        if non_local > 0 {
+            report.note(format!(
+                "{non_local} random-pass task(s) ran on an executor without their block and walked a fetched copy (same result, not the cached block's time)."
+            ));
+        }
         if !skipped.is_empty() {
             report.note(format!(
                 "skipped sizes (more than a third of this machine's memory): {}",
@@ -447,5 +695,89 @@ impl Experiment for SparkHugepages {
             ));
         }
         Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn done(workload: &str, checksum: &str, cost: Option<f64>, cached_partitions: u32) -> Done {
+        Done {
+            workload: workload.into(),
+            bytes: 1 << 30,
+            cached_bytes: 1 << 30,
+            cached_partitions,
+            partitions: 8,
+            non_local_blocks: 0,
+            checksum: checksum.into(),
+            cost,
+            start_ms: 1000.0,
+            end_ms: 9000.0,
+        }
+    }
+
+    #[test]
+    fn configurations_must_agree_and_cache_everything() {
+        let a = done("micro", "10:5:7", None, 8);
+        let b = done("micro", "10:5:7", None, 8);
+        assert!(check_results("micro", 1 << 30, &[(Config::Off, &a), (Config::Part, &b)]).is_ok());
+        let c = done("micro", "10:5:8", None, 8);
+        assert!(check_results("micro", 1 << 30, &[(Config::Off, &a), (Config::Part, &c)]).is_err());
+        let partial = done("micro", "10:5:7", None, 7);
+        let e = check_results("micro", 1 << 30, &[(Config::Off, &a), (Config::Part, &partial)]).unwrap_err();
+        assert!(e.to_string().contains("7 of 8 partitions cached"), "{e}");
+        // k-means: the cost may differ in its last bits (merge order), not more.
+        let k1 = done("kmeans", "100", Some(238621316.45090482), 8);
+        let k2 = done("kmeans", "100", Some(238621316.45090485), 8);
+        let k3 = done("kmeans", "100", Some(238621316.45090485 * (1.0 + 1e-4)), 8);
+        assert!(check_results("kmeans", 1 << 30, &[(Config::Off, &k1), (Config::Entire, &k2)]).is_ok());
+        assert!(check_results("kmeans", 1 << 30, &[(Config::Off, &k1), (Config::Entire, &k3)]).is_err());
+    }
+
+    #[test]
+    fn figures_come_from_the_phases_and_samples_of_their_workload() {
+        let phase = |workload: &str, name: &str, pass, start_ms: f64, end_ms: f64| Phase {
+            workload: workload.into(),
+            bytes: 1 << 30,
+            phase: name.into(),
+            pass,
+            start_ms,
+            end_ms,
+            s: (end_ms - start_ms) / 1e3,
+        };
+        let app = App {
+            jvm_start_s: 10.0,
+            start_ms: 1000.0,
+            executors: 4,
+            phases: vec![
+                phase("micro", "cache", 0, 1000.0, 4000.0),
+                phase("micro", "random", 0, 4000.0, 5000.0),
+                phase("micro", "random", 1, 5000.0, 6000.0),
+                phase("micro", "scan", 0, 6000.0, 8000.0),
+                phase("micro", "unpersist", 0, 8000.0, 9000.0),
+                phase("kmeans", "cache", 0, 9000.0, 9500.0),
+            ],
+            done: vec![done("micro", "x", None, 8)],
+            // Before the workload (ignored), rising during caching, a peak, then freed.
+            series: vec![
+                (500.0, 4 << 30, 5 << 30),
+                (2000.0, 1 << 29, 1 << 30),
+                (3500.0, 1 << 30, 2 << 30),
+                (4500.0, (1 << 30) + (1 << 20), 2 << 30),
+                (9500.0, 8 << 30, 9 << 30),
+            ],
+        };
+        let f = app.figures("micro", 1 << 30).unwrap();
+        assert_eq!(f.cache_s, 3.0);
+        assert_eq!(f.random_s, 2.0);
+        assert_eq!(f.scan_s, 2.0);
+        assert_eq!(f.access_s(), 4.0);
+        assert_eq!(f.run_s(), 7.0);
+        assert_eq!(f.peak_huge, (1 << 30) + (1 << 20));
+        assert_eq!(f.peak_rss, 2 << 30);
+        assert_eq!(f.reach_s, Some(2.5));
+        assert_eq!(f.first_pass_end_s, 4.0);
+        assert!(app.figures("kmeans", 1 << 30).is_err(), "no result for kmeans: an error, not zeros");
     }
 }

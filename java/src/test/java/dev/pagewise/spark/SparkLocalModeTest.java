@@ -4,6 +4,8 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.pagewise.hugepage.HugepageBuffers;
+import dev.pagewise.spark.bench.StorageBench;
+import java.nio.ByteBuffer;
 import java.util.ArrayList;
 import java.util.List;
 import org.apache.spark.SparkConf;
@@ -95,6 +97,32 @@ class SparkLocalModeTest {
       assertEquals(live0, HugepageBuffers.stats().liveAllocations(), "blocks not freed on unpersist: "
           + level.description());
     }
+  }
+
+  /**
+   * The experiment's random pass reads a cached block in place, in the arena, and computes what
+   * the same bytes give anywhere else (a copy on the Java heap).
+   */
+  @Test
+  void randomPassReadsCachedBlocksInPlace() {
+    JavaRDD<Long> cached = data(N, 4).persist(StorageLevel.MEMORY_ONLY_SER());
+    assertEquals(N, cached.count());
+    int rdd = cached.id();
+    List<long[]> walks = cached.mapPartitionsWithIndex(
+        (idx, it) -> List.of(StorageBench.CachedBlocks.randomWalk(rdd, idx, 64, 3)).iterator(), true).collect();
+    assertEquals(4, walks.size());
+    for (int p = 0; p < 4; p++) {
+      assertEquals(0, walks.get(p)[1], "partition " + p + " was not read where it is cached");
+      ByteBuffer[] chunks = SparkEnv.get().blockManager().memoryStore().getBytes(new RDDBlockId(rdd, p)).get()
+          .getChunks();
+      ByteBuffer[] copy = new ByteBuffer[chunks.length];
+      for (int i = 0; i < chunks.length; i++) {
+        assertTrue(chunks[i].isDirect(), "a serialized block chunk is not an arena buffer");
+        copy[i] = ByteBuffer.allocate(chunks[i].limit()).put(chunks[i].duplicate()).flip();
+      }
+      assertEquals(StorageBench.CachedBlocks.walk(copy, 64, 3 ^ ((long) p << 32)), walks.get(p)[0]);
+    }
+    cached.unpersist(true);
   }
 
   @Test
