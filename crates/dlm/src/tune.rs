@@ -11,7 +11,10 @@
 //!   gives each size its own count), bounded below by the minimum size.
 //! - **Slower after a change: go back and stay.** From the second end on, a change is judged
 //!   by the loop's next time: if it is slower than the loop before the change (beyond a small
-//!   tolerance for noise), the larger size comes back and the loop's size is pinned.
+//!   tolerance for noise), the larger size comes back and the loop's size is pinned — but only
+//!   if the larger size fits what the loop touched this time. A larger size that does not fit
+//!   would thrash; the slowdown then has another cause (for windows of an unmodified program,
+//!   usually a new phase), and going back would pin the program to thrashing for good.
 //! - **Thrashing now: shrink now** ([`decide_early`]). A loop that faulted more than twice its
 //!   local units since it started is refetching what it evicted; waiting for its end at a far
 //!   too large size can take orders of magnitude longer than the loop should (seed: BT at 5%,
@@ -171,7 +174,7 @@ pub fn decide(cfg: &TunerConfig, state: &mut LoopState, touched: &Touched, time:
     let cur = state.set;
     let fits = |s: u32| touched.at(s) <= cfg.local_units(s);
     let (new, reason) = if let Some((from, before)) = state.changed_from.filter(|_| !state.pinned) {
-        if time > before * (1.0 + SLOWER_TOLERANCE) {
+        if time > before * (1.0 + SLOWER_TOLERANCE) && fits(from) {
             (from, Reason::Revert)
         } else {
             shrink_rule(cfg, cur, &fits)
@@ -332,10 +335,22 @@ mod tests {
         let c = cfg();
         let mut st = LoopState::new(8);
         decide(&c, &mut st, &sparse(1280), 10.0, 0); // 128 → 64
-        let d = decide(&c, &mut st, &sparse(5000), 12.0, 0); // slower: back
+        let d = decide(&c, &mut st, &sparse(1200), 12.0, 0); // slower, and 128 KiB fits: back
         assert_eq!((d.reason, d.old_size, d.new_size), (Reason::Revert, 64 << 10, 128 << 10));
         let d = decide(&c, &mut st, &sparse(5000), 50.0, 0);
         assert_eq!((d.reason, d.new_size), (Reason::Pinned, 128 << 10));
+    }
+
+    #[test]
+    fn no_revert_to_a_size_that_would_thrash() {
+        // A program's windows: after 128 → 64 the next window is slower (a new phase), but
+        // what it touched does not fit at 128 KiB: going back would thrash for good.
+        let c = cfg();
+        let mut st = LoopState::new(8);
+        decide(&c, &mut st, &sparse(1280), 0.2, u64::MAX); // 128 → 64
+        let d = decide(&c, &mut st, &sparse(4000), 0.6, u64::MAX);
+        assert_eq!((d.reason, d.old_size, d.new_size), (Reason::Shrink, 64 << 10, 32 << 10));
+        assert!(!st.pinned());
     }
 
     #[test]
