@@ -17,7 +17,7 @@
 //!
 //! Eviction is a CLOCK over resident units. Reads of a resident unit do not fault, so the
 //! reference bit is sampled: when the hand clears a unit's bit it also unmaps the unit from the
-//! program's view, keeping its data, and the unit's next access — a minor fault — sets the bit
+//! program's view, keeping its pages, and the unit's next access — a fault — sets the bit
 //! again (`runtime.rs`, "Reference bits"). A unit the program keeps reading therefore outlives
 //! units read once, which plain FIFO by fault time (what a CLOCK that sees only faults
 //! amounts to) would not do.

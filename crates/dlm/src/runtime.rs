@@ -43,31 +43,37 @@
 //! A read of a resident unit does not fault, so CLOCK would see a unit used only when it is
 //! faulted in or first written — FIFO by fault time. The bit is sampled instead, as the
 //! classic software-referenced-bit schemes do: when the hand clears a unit's bit it *arms* the
-//! unit — drops it from the program's page tables (MADV_DONTNEED on the shared memfd view;
-//! the pages stay in the memfd) — and the unit's next access is a minor fault that sets the
-//! bit and maps the same pages again (UFFDIO_CONTINUE, write-protected while clean). The cost
-//! is one madvise per pass of the hand (batched over adjacent units) and one minor fault per
-//! unit still in use; `Stats::second_chances` and `reference_faults` count them. When every
-//! unit is referenced (a scan outruns the hand) the tie goes to a unit never used since it
-//! came in (`clock.rs`). Anonymous areas (`alloc_at`, kernels without shmem userfaultfd,
-//! `Config::sample_references` off) cannot be armed — dropping their pages would lose the only copy — so there reads stay
-//! unseen. The SIGSEGV fallback arms with PROT_NONE.
+//! unit — takes it out of the program's page tables, keeping its pages — and the unit's next
+//! access faults, sets the bit and puts the same pages back. Anonymous areas (the default, on
+//! kernels with UFFDIO_MOVE): the pages are moved into the unit's place in the area's shadow
+//! and moved back (`move_in`: write-protected while clean). Memfd areas: MADV_DONTNEED on the
+//! shared view (the pages stay in the memfd), a minor fault, UFFDIO_CONTINUE. SIGSEGV areas:
+//! PROT_NONE. The cost is one move or madvise per pass of the hand and one fault per unit
+//! still in use; `Stats::second_chances` and `reference_faults` count them. When every unit
+//! is referenced (a scan outruns the hand) the tie goes to a unit never used since it came in
+//! (`clock.rs`). Anonymous areas without a shadow (kernels without UFFDIO_MOVE nor shmem
+//! userfaultfd) cannot be armed — dropping their pages would lose the only copy — so there
+//! reads stay unseen; so with `Config::sample_references` off.
 //!
 //! # Installing pages
-//! Areas are a memfd mapped twice (when the kernel has shmem userfaultfd): the program's view,
-//! registered MISSING + MINOR + WP, and an alias the runtime reads and writes through (dirty
-//! data for write-back is read there, so an armed unit never faults the runtime itself).
-//! Default: UFFDIO_COPY from the reply buffer (atomic per page, mode WP).
-//! Zero-copy (`Config::zero_copy`): a READ of a wholly missing unit populates the unit's
-//! page-cache pages through the alias while the request travels, receives the reply straight
-//! into them and maps them with UFFDIO_CONTINUE mode WP. Units partly resident (after a
-//! set-count change) and never-written units take UFFDIO_COPY. Eviction punches the unit out
-//! of the memfd (MADV_REMOVE). Zero-copy pays off only when the client has a core to spare
-//! during the round trip, so it is an option. Without shmem userfaultfd areas are anonymous
-//! memory filled with UFFDIO_COPY.
+//! Default: anonymous areas. With UFFDIO_MOVE each has a *shadow*, a private mapping of the
+//! same size the program never sees: a READ of a wholly missing unit of 64 KiB or more gathers
+//! frames kept from evicted units into the unit's place in the shadow while the request
+//! travels (fresh pages only for what is missing), receives the reply straight into them and
+//! moves them into the program's view; evicted units' pages are moved back into the shadow
+//! and kept (`runtime/frames.rs`, which also says why a clean unit is moved in only while the
+//! program has one thread). Smaller units, and kernels without UFFDIO_MOVE: UFFDIO_COPY from
+//! the reply buffer (atomic per page, mode WP).
+//! Zero-copy (`Config::zero_copy`): the area is a memfd mapped twice, the program's view
+//! registered MISSING + MINOR + WP and an alias the runtime reads and writes through; a READ
+//! of a wholly missing unit populates the unit's page-cache pages through the alias while the
+//! request travels, receives the reply straight into them and maps them with UFFDIO_CONTINUE
+//! mode WP. Eviction punches the unit out of the memfd (MADV_REMOVE).
 //! SIGSEGV mode: the area is a memfd mapped twice, the program's view (PROT_NONE until
 //! installed) and a private read-write view; data is copied through the private view, then
 //! the program's view is opened (mprotect), so no thread ever sees a half-copied page.
+//! Dirty data for write-back is read through the runtime's own view (shadow, alias or private
+//! view) where the unit is armed, so the runtime never faults on its own areas.
 //!
 //! Reply headers are busy-polled briefly before the thread sleeps (`TcpTransport`): on a VM a
 //! wake-up costs about as much as a small transfer.
@@ -392,9 +398,8 @@ impl Dlm {
     /// Make `[addr, addr + n)` an area, where n is `len` rounded down to whole largest units
     /// (returned), replacing what is mapped there now; its content starts as zeros. For memory
     /// that must keep its address, such as a program's zero-initialised data (`pagewise run
-    /// --bss`). Userfaultfd modes only (not SIGSEGV). The area is anonymous memory (it keeps
-    /// the private, copy-on-fork semantics of what it replaces), so reads of its resident
-    /// units are not seen by eviction (module doc, "Reference bits").
+    /// --bss`). Userfaultfd modes only (not SIGSEGV). The area is anonymous memory, keeping the
+    /// private semantics of what it replaces.
     ///
     /// # Safety
     /// The caller owns `[addr, addr + len)`: nothing else uses or unmaps what is there now.
