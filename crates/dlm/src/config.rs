@@ -60,7 +60,7 @@ pub struct Config {
     /// shared mappings: a child made by fork(2) shares them with its parent instead of getting
     /// a copy (see `dont_fork`).
     pub zero_copy: bool,
-    /// Anonymous areas (kernels with UFFDIO_MOVE): units of 64 KiB or more are received into
+    /// Anonymous areas (kernels with UFFDIO_MOVE): units of 128 KiB or more are received into
     /// the area's shadow and moved into the program's view, reusing the frames of evicted
     /// units (runtime/frames.rs); false: copied in from a buffer with UFFDIO_COPY, which
     /// allocates every page (`pagewise eval dlm-fault` compares the two).

@@ -49,7 +49,7 @@ impl Measure {
             window,
             active: None,
             loops: HashMap::new(),
-            window_state: LoopState::new(set),
+            window_state: LoopState::windows(set),
             window_start: Instant::now(),
             window_faults: 0,
             window_fault_time: Duration::ZERO,

@@ -57,7 +57,7 @@
 //!
 //! # Installing pages
 //! Default: anonymous areas. With UFFDIO_MOVE each has a *shadow*, a private mapping of the
-//! same size the program never sees: a READ of a wholly missing unit of 64 KiB or more gathers
+//! same size the program never sees: a READ of a wholly missing unit of 128 KiB or more gathers
 //! frames kept from evicted units into the unit's place in the shadow while the request
 //! travels (fresh pages only for what is missing), receives the reply straight into them and
 //! moves them into the program's view; evicted units' pages are moved back into the shadow
@@ -93,9 +93,11 @@ mod remote;
 
 use frames::Frames;
 
-/// Smallest unit received into the shadow and moved in: below it one UFFDIO_COPY costs less
-/// than reading the thread count, a move and a write-protect.
-const MOVE_MIN: usize = 64 << 10;
+/// Smallest unit received into the shadow and moved in. Below it one UFFDIO_COPY costs less
+/// than gathering frames, reading the thread count, a move and a write-protect: `pagewise eval
+/// dlm-fault` measured moving at 1.15× copying for 64 KiB units, 0.69× for 256 KiB and 0.64×
+/// for 1 MiB (server on the other core).
+const MOVE_MIN: usize = 128 << 10;
 
 use crate::clock::Clock;
 use crate::config::{Config, FaultMode};

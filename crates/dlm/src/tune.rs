@@ -11,10 +11,14 @@
 //!   gives each size its own count), bounded below by the minimum size.
 //! - **Slower after a change: go back and stay.** From the second end on, a change is judged
 //!   by the loop's next time: if it is slower than the loop before the change (beyond a small
-//!   tolerance for noise), the larger size comes back and the loop's size is pinned — but only
-//!   if the larger size fits what the loop touched this time. A larger size that does not fit
-//!   would thrash; the slowdown then has another cause (for windows of an unmodified program,
-//!   usually a new phase), and going back would pin the program to thrashing for good.
+//!   tolerance for noise), the larger size comes back and the loop's size is pinned. Not when
+//!   the shrink made the loop fit and the larger size would not: that size would thrash, and
+//!   the slowdown has another cause. Windows of an unmodified program ([`LoopState::windows`])
+//!   never go back to a size that does not fit what the window touched: two windows are often
+//!   different phases of the program, so their times say little about the sizes, and a window
+//!   of a new phase once pinned a program to a thrashing 128 KiB for good (dlm-vs-swap). A loop
+//!   that fits at no size (a sweep over more than local memory) is judged by its time alone —
+//!   the seed's BT at 50% is fastest at 64 KiB, which no size fits.
 //! - **Thrashing now: shrink now** ([`decide_early`]). A loop that faulted more than twice its
 //!   local units since it started is refetching what it evicted; waiting for its end at a far
 //!   too large size can take orders of magnitude longer than the loop should (seed: BT at 5%,
@@ -157,11 +161,18 @@ pub struct LoopState {
     /// The last decision changed the size from this set count, after a loop of this time.
     changed_from: Option<(u32, f64)>,
     pinned: bool,
+    /// Tuning windows of an unmodified program, not a loop: a revert needs the larger size to fit.
+    windows: bool,
 }
 
 impl LoopState {
     pub fn new(set: u32) -> Self {
-        LoopState { set, iterations: 0, changed_from: None, pinned: false }
+        LoopState { set, iterations: 0, changed_from: None, pinned: false, windows: false }
+    }
+
+    /// The state of the tuning windows of a program without `dlm_start`/`dlm_end`.
+    pub fn windows(set: u32) -> Self {
+        LoopState { windows: true, ..Self::new(set) }
     }
 
     pub fn pinned(&self) -> bool {
@@ -174,7 +185,8 @@ pub fn decide(cfg: &TunerConfig, state: &mut LoopState, touched: &Touched, time:
     let cur = state.set;
     let fits = |s: u32| touched.at(s) <= cfg.local_units(s);
     let (new, reason) = if let Some((from, before)) = state.changed_from.filter(|_| !state.pinned) {
-        if time > before * (1.0 + SLOWER_TOLERANCE) && fits(from) {
+        let thrashes_if_back = !fits(from) && (fits(cur) || state.windows);
+        if time > before * (1.0 + SLOWER_TOLERANCE) && !thrashes_if_back {
             (from, Reason::Revert)
         } else {
             shrink_rule(cfg, cur, &fits)
@@ -342,15 +354,34 @@ mod tests {
     }
 
     #[test]
-    fn no_revert_to_a_size_that_would_thrash() {
-        // A program's windows: after 128 → 64 the next window is slower (a new phase), but
-        // what it touched does not fit at 128 KiB: going back would thrash for good.
+    fn no_revert_of_windows_to_a_size_that_would_thrash() {
+        // A program's windows: after 128 → 64 the next window is slower (a new phase), and
+        // what it touched fits neither at 64 nor at 128 KiB: going back would thrash for good.
         let c = cfg();
-        let mut st = LoopState::new(8);
+        let mut st = LoopState::windows(8);
         decide(&c, &mut st, &sparse(1280), 0.2, u64::MAX); // 128 → 64
         let d = decide(&c, &mut st, &sparse(4000), 0.6, u64::MAX);
         assert_eq!((d.reason, d.old_size, d.new_size), (Reason::Shrink, 64 << 10, 32 << 10));
         assert!(!st.pinned());
+    }
+
+    #[test]
+    fn a_loop_that_fits_nowhere_is_judged_by_its_time() {
+        // The same record for a loop: no size fits, so the slower loop time decides.
+        let c = cfg();
+        let mut st = LoopState::new(8);
+        decide(&c, &mut st, &sparse(1280), 0.2, 0); // 128 → 64
+        let d = decide(&c, &mut st, &sparse(4000), 0.6, 0);
+        assert_eq!((d.reason, d.new_size), (Reason::Revert, 128 << 10));
+    }
+
+    #[test]
+    fn a_loop_that_fits_after_a_shrink_does_not_go_back_to_thrash() {
+        let c = cfg();
+        let mut st = LoopState::new(8);
+        decide(&c, &mut st, &sparse(1280), 0.2, 0); // 128 → 64, which fits
+        let d = decide(&c, &mut st, &sparse(2000), 0.6, 0); // slower, 64 still fits, 128 not
+        assert_eq!((d.reason, d.new_size), (Reason::Fits, 64 << 10));
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! the local limit with 128 KiB units and read-ahead, next to pipelined TCP streaming from the
 //! same server, and local memcpy. Placement: client and server on different cores, and on the
 //! same core (wake-up latency dominates small round trips on this VM). The SIGBUS mode runs
-//! three times in the same interleaved order: the default (units of 64 KiB and more received
+//! three times in the same interleaved order: the default (units of 128 KiB and more received
 //! into the area's shadow and moved in, UFFDIO_MOVE), `Config::zero_copy` (memfd area, reply
 //! received into its page cache, mapped with UFFDIO_CONTINUE), and `Config::move_install`
 //! off (UFFDIO_COPY from a buffer: every page allocated and copied, as before UFFDIO_MOVE).
@@ -557,7 +557,7 @@ impl Experiment for DlmFault {
              Config::zero_copy (memfd area, reply received into its page cache, UFFDIO_CONTINUE), \
              'UFFDIO_COPY' = Config::move_install off (every page allocated and copied in from the \
              reply buffer, the install before UFFDIO_MOVE; move_vs_uffdio_copy_Nk is the default's \
-             time over it), both measured in the same run as the default (units of 64 KiB and more \
+             time over it), both measured in the same run as the default (units of 128 KiB and more \
              received into the area's shadow and moved in, reusing evicted units' frames). The machine's 2 cores \
              are shared with other work: expect noise.",
         );

@@ -4,8 +4,8 @@
 //! (`crates/eval/programs/bt_like.c`: seven malloc'd N³ arrays, a fixed number of iterations,
 //! a checksum and per-iteration times on stdout), compiled here with `cc`. Three ways to run it:
 //! - **all local**: on its own, in a memory cgroup with no limit (to measure its footprint);
-//! - **Linux swap**: in a memory cgroup whose limit (v1 memory.limit_in_bytes) equals the local
-//!   memory DLM gets, with a swap file on the disk the results go to (the repo's disk, never
+//! - **Linux swap**: in a memory cgroup whose limit (v1 memory.limit_in_bytes) is the local
+//!   memory DLM gets plus the program's own footprint beyond its arrays, with a swap file on the disk the results go to (the repo's disk, never
 //!   tmpfs). The swap file is made and removed through the settings guard, and it is on only
 //!   while a swap run runs, so other work on the machine never sees swap;
 //! - **DLM**: `pagewise run --page-size auto --local-mem SAME --spawn-servers 2`, the shim
@@ -21,9 +21,10 @@
 //!
 //! What the comparison is: the cgroup limit counts everything the program has charged — its
 //! arrays, but also its stack, libc's heap and page tables — while DLM's limit counts only the
-//! arrays' resident units (the runtime's own buffers are outside it). The all-local run's peak
-//! usage minus the arrays is reported (`program_overhead_bytes`) so a reader can judge that
-//! difference; it is not added to the swap limit, which the issue fixes at DLM's local memory.
+//! arrays' resident units (the runtime's own buffers are outside it). So that the arrays get
+//! the same memory in both, one all-local run before the others measures that footprint (peak
+//! usage minus the arrays, `program_overhead_bytes`) and the swap limit is DLM's local memory
+//! plus it. (With the limit at DLM's local memory alone the kernel OOM-killed most runs at 10%.)
 //! Swap runs use the kernel's defaults (swappiness 60, page-cluster read-ahead).
 
 use std::io::Read;
@@ -294,6 +295,8 @@ struct Setup<'a> {
     swap_group: &'a MemCgroup,
     swap: &'a SwapFile,
     scratch: &'a Path,
+    /// Added to the swap group's limit: the program's memory beyond its arrays.
+    footprint: u64,
 }
 
 fn run_one(s: &Setup, c: Config) -> anyhow::Result<Run> {
@@ -309,7 +312,7 @@ fn run_one(s: &Setup, c: Config) -> anyhow::Result<Run> {
             Ok(Run { fate, out, wall, majfaults: None, decisions: Vec::new() })
         }
         Config::Swap(r) => {
-            s.swap_group.set_limit(Some(local_bytes(s.total, r) as u64))?;
+            s.swap_group.set_limit(Some(local_bytes(s.total, r) as u64 + s.footprint))?;
             let before = majfaults(s.swap_group)?;
             let kills_before = s.swap_group.oom_kills()?;
             s.swap.on()?;
@@ -396,7 +399,7 @@ impl Experiment for DlmVsSwap {
         let parent = MemCgroup::create(&guard, &format!("dlm-vs-swap-{}", std::process::id()))?;
         let local_group = parent.create_child(&guard, "local")?;
         let swap_group = parent.create_child(&guard, "swap")?;
-        let setup = Setup {
+        let mut setup = Setup {
             bin: &program.bin,
             pagewise: &pagewise,
             n,
@@ -407,7 +410,12 @@ impl Experiment for DlmVsSwap {
             swap_group: &swap_group,
             swap: &swap,
             scratch: &program.dir,
+            footprint: 0,
         };
+        // The program's memory beyond its arrays, charged to the swap group too (module doc).
+        run_one(&setup, Config::Local).context("measuring the program's footprint")?;
+        let overhead = local_group.max_usage()?.saturating_sub(total as u64);
+        setup.footprint = overhead;
 
         let mut configs = vec![Config::Local];
         for &r in &ratios {
@@ -431,7 +439,6 @@ impl Experiment for DlmVsSwap {
             }
             Ok(run)
         })?;
-        let overhead = local_group.max_usage()?.saturating_sub(total as u64);
         let swap_path = swap.path().to_path_buf();
         if let Some(e) = guard.restore().into_iter().next() {
             bail!("the settings guard could not restore: {e}");
@@ -555,8 +562,8 @@ impl Experiment for DlmVsSwap {
         report.data = json!(data);
         report.note(format!(
             "`dlm_vs_swap_time` = DLM / Linux swap at {smallest}% local memory (below 1: DLM faster). The swap limit is \
-             memory.limit_in_bytes = DLM's --local-mem; the program's own footprint beyond its arrays ({}) counts against \
-             that limit but not against DLM's. The swap file lives on the results' filesystem ({}); '>' marks runs stopped \
+             memory.limit_in_bytes = DLM's --local-mem plus the program's own footprint beyond its arrays ({}, measured \
+             in an all-local run first), so the arrays get the same memory in both. The swap file lives on the results' filesystem ({}); '>' marks runs stopped \
              at the {} s budget (counted as the budget); 'OOM-killed' runs were killed by the kernel's OOM killer \
              of the swap group (reclaim could not keep the group under its limit fast enough) and are left out of \
              the median. Every finished run printed the same checksum.",
