@@ -23,6 +23,9 @@ pub const FEATURES: &[Feature] = &[
     Feature { name: "pagewise eval dlm-fault", needs: &[Capability::Userfaultfd] },
     Feature { name: "pagewise eval dlm-pagesize", needs: &[Capability::Userfaultfd] },
     Feature { name: "pagewise eval dlm-autotune", needs: &[Capability::Userfaultfd] },
+    // Makes its own swap file (swapon(2), root): needs no swap configured, only the memory
+    // cgroup its swap runs are limited in.
+    Feature { name: "pagewise eval dlm-vs-swap", needs: &[Capability::Userfaultfd, Capability::CgroupV1Memory] },
     Feature { name: "pagewise eval spark-hugepages", needs: &[Capability::ThpEnabled, Capability::MadvCollapse] },
     Feature {
         name: "pagewise eval reclaim-percore",

@@ -16,6 +16,15 @@ use pagewise_kernel::swap::{active_swaps, SwapFile};
 
 const SIZE: u64 = 64 << 20;
 
+/// One swap file on at a time. The kernel pages any process out to any active swap file, so
+/// a test's file would otherwise hold another test's pages, and its swapoff — which must bring
+/// them back into that test's limited memory cgroup — can fail (ENOMEM) and leave it on.
+static ONE_SWAP_FILE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_SWAP_FILE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn scratch(tag: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("swap-guard-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -95,6 +104,7 @@ fn spawn_child(action: &str, file: &Path) -> (std::process::Child, PathBuf) {
 
 #[test]
 fn swap_file_works_and_is_gone_when_the_guard_drops() {
+    let _serial = one_at_a_time();
     if !can_swap() {
         return;
     }
@@ -140,6 +150,7 @@ fn swap_file_works_and_is_gone_when_the_guard_drops() {
 
 #[test]
 fn swap_file_is_gone_after_a_panic() {
+    let _serial = one_at_a_time();
     if !can_swap() {
         return;
     }
@@ -151,6 +162,7 @@ fn swap_file_is_gone_after_a_panic() {
 
 #[test]
 fn swap_file_is_gone_after_sigkill_once_a_guard_starts() {
+    let _serial = one_at_a_time();
     if !can_swap() {
         return;
     }
