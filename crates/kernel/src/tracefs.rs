@@ -260,8 +260,14 @@ mod tests {
         assert!(parse_trace_line("garbage").is_none());
     }
 
+    /// The two tests share this process's tracefs mount: one at a time. Run together, one saw
+    /// its instance without events/vmscan (a clean-clone `make test`, once in four runs); the
+    /// cause in the mount's sharing is not yet known.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn instance_records_vmscan_events_with_cpu() {
+        let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         if !supported() {
             crate::testing::skip("no tracefs");
             return;
@@ -287,6 +293,7 @@ mod tests {
 
     #[test]
     fn concurrent_users_keep_the_mount_until_the_last_leaves() {
+        let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         if !supported() {
             crate::testing::skip("no tracefs");
             return;
