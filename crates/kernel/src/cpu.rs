@@ -50,20 +50,33 @@ pub fn set_affinity(cpus: &BTreeSet<usize>) -> Result<()> {
     if cpus.is_empty() {
         return Err(Error::Invalid("empty CPU set".into()));
     }
+    if let Some(c) = cpus.iter().find(|&&c| c >= libc::CPU_SETSIZE as usize) {
+        return Err(Error::Invalid(format!("CPU {c} beyond CPU_SETSIZE")));
+    }
+    set_affinity_raw(0, cpus.iter().copied()).map_err(|source| Error::Syscall { call: "sched_setaffinity", source })
+}
+
+/// sched_setaffinity(pid, cpus): no allocation, so also usable between fork and exec. CPUs at
+/// or beyond CPU_SETSIZE are left out.
+fn set_affinity_raw(pid: i32, cpus: impl Iterator<Item = usize>) -> std::io::Result<()> {
     // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for &c in cpus {
-        if c >= libc::CPU_SETSIZE as usize {
-            return Err(Error::Invalid(format!("CPU {c} beyond CPU_SETSIZE")));
-        }
-        // SAFETY: c < CPU_SETSIZE checked above.
+    for c in cpus.filter(|&c| c < libc::CPU_SETSIZE as usize) {
+        // SAFETY: c < CPU_SETSIZE.
         unsafe { libc::CPU_SET(c, &mut set) };
     }
     // SAFETY: set is a valid cpu_set_t of the size passed.
-    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
-        return Err(Error::last_os("sched_setaffinity"));
+    if unsafe { libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Pin the calling process to one CPU, async-signal-safe (one syscall, no allocation): for
+/// `Command::pre_exec`, so that a server and every thread it ever starts run on `cpu`.
+/// Returns the raw OS error, as `pre_exec` wants.
+pub fn pin_before_exec(cpu: usize) -> std::io::Result<()> {
+    set_affinity_raw(0, std::iter::once(cpu))
 }
 
 /// Pin the calling thread to one CPU.
@@ -85,17 +98,7 @@ pub fn affinity(pid: i32) -> Result<BTreeSet<usize>> {
 
 /// Pin another task (thread or process) to `cpus`.
 pub fn set_affinity_of(pid: i32, cpus: &BTreeSet<usize>) -> Result<()> {
-    // SAFETY: plain data.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
-        // SAFETY: bounds checked by the filter.
-        unsafe { libc::CPU_SET(c, &mut set) };
-    }
-    // SAFETY: valid set.
-    if unsafe { libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
-        return Err(Error::last_os("sched_setaffinity"));
-    }
-    Ok(())
+    set_affinity_raw(pid, cpus.iter().copied()).map_err(|source| Error::Syscall { call: "sched_setaffinity", source })
 }
 
 /// The pids of the kswapd kernel threads (`kswapdN`, one per node), from /proc/PID/comm.
