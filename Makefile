@@ -28,7 +28,8 @@ build: deps
 	$(CARGO) build --release --workspace
 	$(MAKE) java
 
-eval: build
+# hps-kvcache drives the caches with YCSB too (bench/ycsb), so eval builds the binding.
+eval: build ycsb
 	$(PAGEWISE) eval all $(EVAL_FLAGS)
 
 # The README's Figures section, rendered from results/*/result.json (written by `make eval`).
@@ -84,7 +85,7 @@ test-install: build
 # The YCSB binding (bench/ycsb): Maven fetches YCSB core and spymemcached from Maven Central.
 ycsb:
 	@command -v mvn >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven openjdk-17-jdk-headless; }
-	cd bench/ycsb && mvn -q -B package
+	cd bench/ycsb && $(MVN) -q package
 
 # The Java module (java/): JNI binding to hp_alloc, HugepageBuffers, the Spark agent and plugin.
 # Packs target/release/libpagewise.so into java/target/pagewise-spark-0.1.0.jar.

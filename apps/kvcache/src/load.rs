@@ -25,17 +25,55 @@ pub fn key_of(n: u64) -> String {
     format!("user{}", fnvhash64(n))
 }
 
-/// The value stored for `key`: `len` bytes derived from the key.
+/// [`key_of`] appended to `out`, without allocating (the generator's hot path).
+pub fn push_key(n: u64, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"user");
+    let mut digits = [0u8; 20];
+    let mut v = fnvhash64(n);
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+/// The value stored for `key`: `len` letters derived from the key.
 pub fn value_of(key: &[u8], len: usize) -> Vec<u8> {
     let mut v = Vec::with_capacity(len);
+    push_value(key, len, &mut v);
+    v
+}
+
+/// [`value_of`] appended to `out`. Eight letters per xorshift step, so that checking every
+/// value read costs the generator little next to the server's work for the get.
+pub fn push_value(key: &[u8], len: usize, out: &mut Vec<u8>) {
     let mut x = crate::cache::hash(key) | 1;
-    while v.len() < len {
+    let end = out.len() + len;
+    while out.len() < end {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        v.push(b'a' + (x % 26) as u8);
+        let take = (end - out.len()).min(8);
+        out.extend(x.to_le_bytes()[..take].iter().map(|&b| b'a' + b % 26));
     }
-    v
+}
+
+/// A `VALUE key flags bytes` reply line's key and byte count.
+fn parse_value_line(line: &[u8]) -> Option<(&[u8], usize)> {
+    let line = line.strip_suffix(b"\r\n")?;
+    let mut parts = line.split(|&c| c == b' ');
+    if parts.next()? != b"VALUE" {
+        return None;
+    }
+    let key = parts.next()?;
+    let _flags = parts.next()?;
+    let len = std::str::from_utf8(parts.next()?).ok()?.parse().ok()?;
+    parts.next().is_none().then_some((key, len))
 }
 
 /// A small xorshift PRNG (per connection; deterministic seeds).
@@ -181,13 +219,19 @@ pub fn load(
                     let mut res = LoadResult::default();
                     let mut n = lo;
                     let mut line = String::new();
+                    let mut buf = Vec::new();
+                    let mut key = Vec::new();
+                    let header_tail = format!(" 0 0 {value_len}\r\n");
                     while n < hi {
                         let batch = (hi - n).min(depth as u64);
-                        let mut buf = Vec::new();
+                        buf.clear();
                         for i in n..n + batch {
-                            let k = key_of(i);
-                            buf.extend_from_slice(format!("set {k} 0 0 {value_len}\r\n").as_bytes());
-                            buf.extend_from_slice(&value_of(k.as_bytes(), value_len));
+                            key.clear();
+                            push_key(i, &mut key);
+                            buf.extend_from_slice(b"set ");
+                            buf.extend_from_slice(&key);
+                            buf.extend_from_slice(header_tail.as_bytes());
+                            push_value(&key, value_len, &mut buf);
                             buf.extend_from_slice(b"\r\n");
                         }
                         w.write_all(&buf)?;
@@ -244,23 +288,31 @@ pub fn run(
                     let mut r = BufReader::with_capacity(256 * 1024, stream.try_clone()?);
                     let mut w = stream;
                     let mut res = LoadResult::default();
-                    let mut keys: Vec<String> = Vec::with_capacity(depth);
+                    // Reused buffers: the generator allocates nothing per get, so that it
+                    // outruns the server it measures.
+                    let mut keys: Vec<u8> = Vec::with_capacity(depth * 32);
+                    let mut key_ends: Vec<usize> = Vec::with_capacity(depth);
+                    let mut buf: Vec<u8> = Vec::with_capacity(depth * 40);
                     let mut line = Vec::new();
                     let mut data = Vec::new();
+                    let mut expected = Vec::with_capacity(value_len);
                     let t0 = Instant::now();
                     while res.ops < per && t0.elapsed() < duration {
                         keys.clear();
-                        let mut buf = Vec::with_capacity(depth * 32);
+                        key_ends.clear();
+                        buf.clear();
                         for _ in 0..depth {
                             let n = choice.pick(&zipf, &mut rng, records);
-                            let k = key_of(n);
+                            let start = keys.len();
+                            push_key(n, &mut keys);
+                            key_ends.push(keys.len());
                             buf.extend_from_slice(b"get ");
-                            buf.extend_from_slice(k.as_bytes());
+                            buf.extend_from_slice(&keys[start..]);
                             buf.extend_from_slice(b"\r\n");
-                            keys.push(k);
                         }
                         w.write_all(&buf)?;
-                        for k in &keys {
+                        for (i, &end) in key_ends.iter().enumerate() {
+                            let k = &keys[if i == 0 { 0 } else { key_ends[i - 1] }..end];
                             line.clear();
                             r.read_until(b'\n', &mut line)?;
                             if line == b"END\r\n" {
@@ -268,19 +320,24 @@ pub fn run(
                                 res.ops += 1;
                                 continue;
                             }
-                            let text = String::from_utf8_lossy(&line).into_owned();
-                            let parts: Vec<&str> = text.trim_end().split(' ').collect();
-                            let len = match parts.as_slice() {
-                                ["VALUE", key, _flags, len] if *key == k => len.parse::<usize>().ok(),
-                                _ => None,
-                            };
-                            let Some(len) = len else {
-                                return Err(std::io::Error::other(format!("unexpected reply {text:?} to get {k}")));
+                            let len = match parse_value_line(&line) {
+                                Some((key, len)) if key == k => len,
+                                _ => {
+                                    return Err(std::io::Error::other(format!(
+                                        "unexpected reply {:?} to get {}",
+                                        String::from_utf8_lossy(&line),
+                                        String::from_utf8_lossy(k)
+                                    )))
+                                }
                             };
                             data.resize(len + 2, 0);
                             r.read_exact(&mut data)?;
-                            if verify && data[..len] != value_of(k.as_bytes(), value_len)[..] {
-                                res.bad += 1;
+                            if verify {
+                                expected.clear();
+                                push_value(k, value_len, &mut expected);
+                                if data[..len] != expected[..] {
+                                    res.bad += 1;
+                                }
                             }
                             line.clear();
                             r.read_until(b'\n', &mut line)?;
@@ -345,6 +402,39 @@ mod tests {
         assert_eq!(fnvhash64(1), 8517097267634966620);
         assert_eq!(fnvhash64(12345), 1792800413050876852);
         assert_eq!(key_of(1), "user8517097267634966620");
+    }
+
+    #[test]
+    fn push_key_writes_key_of() {
+        let mut out = b"x".to_vec();
+        for n in [0, 1, 9, 12345, u64::MAX] {
+            out.truncate(1);
+            push_key(n, &mut out);
+            assert_eq!(&out[1..], key_of(n).as_bytes());
+        }
+    }
+
+    #[test]
+    fn values_are_letters_of_the_asked_length_and_depend_on_the_key() {
+        for len in [0, 1, 7, 8, 9, 512] {
+            let v = value_of(b"user1", len);
+            assert_eq!(v.len(), len);
+            assert!(v.iter().all(u8::is_ascii_lowercase));
+            let mut appended = b"prefix".to_vec();
+            push_value(b"user1", len, &mut appended);
+            assert_eq!(&appended[6..], &v[..]);
+        }
+        assert_ne!(value_of(b"user1", 64), value_of(b"user2", 64));
+    }
+
+    #[test]
+    fn value_lines_parse_exactly() {
+        assert_eq!(parse_value_line(b"VALUE user7 0 512\r\n"), Some((&b"user7"[..], 512)));
+        assert_eq!(parse_value_line(b"VALUE user7 0 512\n"), None);
+        assert_eq!(parse_value_line(b"VALUE user7 0\r\n"), None);
+        assert_eq!(parse_value_line(b"VALUE user7 0 512 9\r\n"), None);
+        assert_eq!(parse_value_line(b"VALUE user7 0 x\r\n"), None);
+        assert_eq!(parse_value_line(b"SERVER_ERROR out of memory\r\n"), None);
     }
 
     #[test]

@@ -5,8 +5,11 @@
 //! with HPS: after three hot sets, how large is the hot arena against one hot set?
 //!
 //! Load: the built-in pipelined generator ([`pagewise_kvcache::load`]): YCSB's key names and
-//! ScrambledZipfianGenerator (0.99), two connections with 32 gets in flight each, every value
-//! checked. Memory: for kvcache the server's own `memory_bytes` (RSS, with the HPS tracked
+//! ScrambledZipfianGenerator (0.99), two connections with 64 gets in flight each, every value
+//! checked. Placement: every server runs on the last CPU with one worker thread, the generator
+//! on the first, so the server's core is saturated (measured: 1% idle on it) and the ratios
+//! compare the servers, not the scheduler's mixing of client and server on shared cores (runs
+//! of 200,000 reads on shared cores spread 0.68–1.23 around their median ratio). Memory: for kvcache the server's own `memory_bytes` (RSS, with the HPS tracked
 //! arena counted by its memfd's blocks: RSS misses pages whose mappings the tracker dropped);
 //! for memcached VmRSS.
 
@@ -26,6 +29,41 @@ pub struct HpsKvcache;
 
 const VALUE: usize = 512;
 const MEM_MB: usize = 1024;
+/// Load generator connections (one thread each) and gets in flight on each.
+const CONNS: usize = 2;
+const DEPTH: usize = 64;
+
+/// Where the servers and the load generator run: different CPUs when there are two or more.
+#[derive(Clone, Copy)]
+struct Placement {
+    server: usize,
+    client: usize,
+}
+
+fn placement() -> Option<Placement> {
+    let cpus = pagewise_kernel::cpu::online_cpus().ok()?;
+    let (first, last) = (*cpus.first()?, *cpus.last()?);
+    (first != last).then_some(Placement { server: last, client: first })
+}
+
+/// Pins the calling thread (and the load generator threads it starts) to a CPU until dropped.
+struct PinnedThread {
+    previous: std::collections::BTreeSet<usize>,
+}
+
+impl PinnedThread {
+    fn to(cpu: usize) -> anyhow::Result<Self> {
+        let previous = pagewise_kernel::cpu::affinity(0)?;
+        pagewise_kernel::cpu::pin_to(cpu)?;
+        Ok(PinnedThread { previous })
+    }
+}
+
+impl Drop for PinnedThread {
+    fn drop(&mut self) {
+        let _ = pagewise_kernel::cpu::set_affinity(&self.previous);
+    }
+}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Config {
@@ -115,6 +153,9 @@ fn start(config: Config, extra: &[&str]) -> anyhow::Result<Running> {
     let addr = format!("127.0.0.1:{port}");
     let m = MEM_MB.to_string();
     let p = port.to_string();
+    let place = placement();
+    // One worker thread on one core; two when the server shares the cores with the generator.
+    let threads = if place.is_some() { "1" } else { "2" };
     let mut cmd = if config.is_kvcache() {
         let mut c = Command::new(sibling_binary("pagewise-kvcache")?);
         let mode = match config {
@@ -122,7 +163,7 @@ fn start(config: Config, extra: &[&str]) -> anyhow::Result<Running> {
             Config::Hps => "hps",
             _ => "default",
         };
-        c.args(["-m", &m, "-p", &p, "-l", "127.0.0.1", "-t", "2", "--memory-mode", mode]);
+        c.args(["-m", &m, "-p", &p, "-l", "127.0.0.1", "-t", threads, "--memory-mode", mode]);
         if config == Config::ThpL {
             c.arg("-L");
         }
@@ -136,13 +177,20 @@ fn start(config: Config, extra: &[&str]) -> anyhow::Result<Running> {
         } else {
             Command::new(bin)
         };
-        c.args(["-m", &m, "-p", &p, "-l", "127.0.0.1", "-U", "0", "-t", "2", "-u", "root"]);
+        c.args(["-m", &m, "-p", &p, "-l", "127.0.0.1", "-U", "0", "-t", threads, "-u", "root"]);
         if config == Config::MemcachedL {
             c.arg("-L");
         }
         c
     };
     cmd.args(extra).stdout(Stdio::null()).stderr(Stdio::null());
+    if let Some(place) = place {
+        let cpu = place.server;
+        // SAFETY: pin_before_exec is async-signal-safe (one syscall, no allocation).
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || pagewise_kernel::cpu::pin_before_exec(cpu))
+        };
+    }
     let child = cmd.spawn().map_err(|e| anyhow::anyhow!("starting {}: {e}", config.name()))?;
     let server_pid = child.id() as i32;
     let mut r = Running { child, addr, config, server_pid };
@@ -202,9 +250,11 @@ impl Experiment for HpsKvcache {
 
     fn run(&self, ctx: &mut Context) -> anyhow::Result<Report> {
         let records: u64 = ctx.mode.pick(400_000, 800_000);
-        // Quick: shorter runs, more of them, so the paired ratios have a median and a spread.
-        let reads: u64 = ctx.mode.pick(200_000, 800_000);
+        // About 2 s per run (shorter runs on this VM spread by ±5% and more around the median).
+        let reads: u64 = ctx.mode.pick(1_000_000, 2_000_000);
         let reps: usize = ctx.mode.pick(7, 10);
+        let place = placement();
+        let _pinned = place.map(|p| PinnedThread::to(p.client)).transpose()?;
         let have_memcached = find_in_path("memcached").is_some();
         let mut configs = vec![Config::Default, Config::Thp, Config::Hps];
         if have_memcached {
@@ -219,7 +269,18 @@ impl Experiment for HpsKvcache {
             let r = start(Config::ThpL, &[])?;
             let l = load::load(&r.addr, 0, records, VALUE, 2, 64)?;
             anyhow::ensure!(l.bad == 0, "{}: {} stores not STORED", Config::ThpL.name(), l.bad);
-            load::run(&r.addr, records, Choice::Zipfian, VALUE, 2, 32, reads, Duration::from_secs(120), false, 99)?;
+            load::run(
+                &r.addr,
+                records,
+                Choice::Zipfian,
+                VALUE,
+                CONNS,
+                DEPTH,
+                reads,
+                Duration::from_secs(120),
+                false,
+                99,
+            )?;
             let m = memory(&r)? as f64;
             ctx.tick();
             m
@@ -244,7 +305,18 @@ impl Experiment for HpsKvcache {
         let warm_limit = Duration::from_secs(ctx.mode.pick(45, 90));
         for (i, r) in servers.iter().enumerate() {
             ctx.message(format!("warming {}", r.config.name()));
-            load::run(&r.addr, records, Choice::Zipfian, VALUE, 2, 32, reads, Duration::from_secs(120), false, 99)?;
+            load::run(
+                &r.addr,
+                records,
+                Choice::Zipfian,
+                VALUE,
+                CONNS,
+                DEPTH,
+                reads,
+                Duration::from_secs(120),
+                false,
+                99,
+            )?;
             if matches!(r.config, Config::Hps | Config::MemcachedHps) {
                 let t = Instant::now();
                 while !converged(r)? && t.elapsed() < warm_limit {
@@ -253,8 +325,8 @@ impl Experiment for HpsKvcache {
                         records,
                         Choice::Zipfian,
                         VALUE,
-                        2,
-                        32,
+                        CONNS,
+                        DEPTH,
                         reads / 4,
                         Duration::from_secs(60),
                         false,
@@ -281,8 +353,8 @@ impl Experiment for HpsKvcache {
                     records,
                     Choice::Zipfian,
                     VALUE,
-                    2,
-                    32,
+                    CONNS,
+                    DEPTH,
                     reads,
                     Duration::from_secs(120),
                     true,
@@ -508,8 +580,7 @@ impl Experiment for HpsKvcache {
             "Throughput ratios are medians of per-run paired ratios; memory is the median over runs of the value after each run \
              (kvcache: its `memory_bytes` stat, memcached: VmRSS). HPS was warmed until its tracking stopped (kvcache: its \
              `tracking` stat; memcached under `pagewise hps run`: the state its tracker publishes), at most {} s each: {} — \
-             the paper too measured HPS after its promotions. Runs alternate A…Z, Z…A. Load generator: 2 connections × 32 \
-             pipelined gets, on the same 2 cores as the server (client-bound: ratios, not absolute rates, are the result). \
+             the paper too measured HPS after its promotions. Runs alternate A…Z, Z…A. {} \
              Memory increase over kvcache Default: THP -L (the whole cache on hugepages from the start, the paper's THP point: \
              +96.2% there) {:.1} MiB, THP (MADV_HUGEPAGE on the slab area, filled densely in order) {:.1} MiB, HPS {:.1} MiB; \
              `hps_vs_thp_rss_increase` is HPS's over THP -L's, `hps_vs_thp_madvise_rss_increase` over THP's.",
@@ -523,6 +594,14 @@ impl Experiment for HpsKvcache {
                 ))
                 .collect::<Vec<_>>()
                 .join("; "),
+            match place {
+                Some(p) => format!(
+                    "Load generator: {CONNS} connections × {DEPTH} pipelined gets on CPU {}; every server on CPU {} with one \
+                     worker thread (server-bound: its core is saturated).",
+                    p.client, p.server
+                ),
+                None => format!("Load generator: {CONNS} connections × {DEPTH} pipelined gets on the server's one CPU."),
+            },
             thp_l_inc / (1 << 20) as f64,
             thp_inc / (1 << 20) as f64,
             hps_inc / (1 << 20) as f64
