@@ -1,6 +1,6 @@
 //! Remote read faults, for profiling the fault path: `dlm_remote_fault SERVER UNIT_KIB [N]`.
 //! Writes every unit home, drops the local copies, then reads one word of N units in random
-//! order (no read-ahead, no eviction) and prints the median and p99 ns per fault. Other
+//! order (no read-ahead; no eviction unless PAGEWISE_DLM_LOCAL_MEM is set) and prints the median and p99 ns per fault. Other
 //! settings come from the environment (`PAGEWISE_DLM_*`, see `Config::from_lookup`);
 //! `pagewise eval dlm-fault` is the measurement, this is what to run under `perf record`.
 
@@ -17,8 +17,14 @@ fn main() {
         "PAGEWISE_DLM_SERVERS" => Some(server.clone()),
         _ => std::env::var(k).ok(),
     };
+    let local_mem = if std::env::var_os("PAGEWISE_DLM_LOCAL_MEM").is_some() {
+        // A smaller local memory makes the faults evict: installs then reuse evicted frames.
+        Config::from_lookup(env).expect("config").local_mem
+    } else {
+        n * unit + (4 << 20)
+    };
     let cfg = Config {
-        local_mem: n * unit + (4 << 20),
+        local_mem,
         base_page: 4096,
         max_set: 256,
         set_count: (unit / 4096) as u32,

@@ -910,7 +910,7 @@ impl Inner {
     /// exist. Runs while the request travels.
     fn gather_frames(&self, st: &mut State, dst: usize, len: usize) {
         // The unit's own frames, left where it was evicted from: already in place.
-        if st.frames.take_exact(dst, len) {
+        if st.frames.take_in_place(dst, len) {
             return;
         }
         st.frames.remove_within(dst, len, free_frames);

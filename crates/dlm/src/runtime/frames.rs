@@ -67,17 +67,31 @@ impl Frames {
         Some(piece)
     }
 
-    /// Remove the run that is exactly `[addr, addr + len)`, if kept: its frames are already
-    /// where a unit refetched at the same place wants them.
-    pub(super) fn take_exact(&mut self, addr: usize, len: usize) -> bool {
-        match self.runs.iter().position(|&r| r == (addr, len)) {
-            Some(i) => {
+    /// Remove `[addr, addr + len)` if it lies inside one kept run: its frames are already
+    /// where a unit refetched at the same place wants them (an evicted unit's pages wait at
+    /// its place in the shadow), so nothing needs moving or freeing. A run cut in two needs one
+    /// more slot: false when none is left.
+    pub(super) fn take_in_place(&mut self, addr: usize, len: usize) -> bool {
+        let end = addr + len;
+        let Some(i) = self.runs.iter().position(|&(a, l)| a <= addr && end <= a + l) else { return false };
+        let (a, l) = self.runs[i];
+        let (head, tail) = ((a, addr - a), (end, a + l - end));
+        match (head.1 > 0, tail.1 > 0) {
+            (false, false) => {
                 self.runs.swap_remove(i);
-                self.bytes -= len;
-                true
             }
-            None => false,
+            (true, false) => self.runs[i] = head,
+            (false, true) => self.runs[i] = tail,
+            (true, true) => {
+                if self.runs.len() == self.runs.capacity() {
+                    return false;
+                }
+                self.runs[i] = head;
+                self.runs.push(tail);
+            }
         }
+        self.bytes -= len;
+        true
     }
 
     /// Remove every kept byte inside `[start, start + len)`, calling `drop` with each piece
@@ -140,8 +154,23 @@ mod tests {
         let mut f = Frames::with_capacity(1);
         assert!(f.push(0x1000, 0x1000));
         assert!(!f.push(0x5000, 0x1000));
-        assert!(f.take_exact(0x1000, 0x1000));
-        assert!(!f.take_exact(0x1000, 0x1000));
+        assert!(f.take_in_place(0x1000, 0x1000));
+        assert!(!f.take_in_place(0x1000, 0x1000));
+    }
+
+    #[test]
+    fn a_place_inside_a_run_is_taken_and_the_run_cut_around_it() {
+        let mut f = Frames::with_capacity(2);
+        assert!(f.push(0x10000, 0x8000));
+        assert!(f.take_in_place(0x12000, 0x2000));
+        assert_eq!(f.bytes(), 0x6000);
+        assert!(!f.take_in_place(0x13000, 0x2000), "partly taken already");
+        // Two runs fill the stack: cutting one in two more is refused, its ends are not.
+        assert!(!f.take_in_place(0x15000, 0x1000));
+        assert!(f.take_in_place(0x14000, 0x1000));
+        assert!(f.take_in_place(0x10000, 0x2000));
+        assert_eq!(f.bytes(), 0x3000);
+        assert_eq!(f.pop(0x10000), Some((0x15000, 0x3000)));
     }
 
     proptest! {
@@ -162,7 +191,7 @@ mod tests {
                     1 => if let Some((a, l)) = f.pop(l) {
                         for p in a / P..(a + l) / P { prop_assert!(kept.remove(&p)); }
                     },
-                    2 => if f.take_exact(a, l) {
+                    2 => if f.take_in_place(a, l) {
                         for p in page..page + pages { prop_assert!(kept.remove(&p)); }
                     },
                     _ => f.remove_within(a, l, |a, l| for p in a / P..(a + l) / P { assert!(kept.remove(&p)); }),
