@@ -142,6 +142,9 @@ pub struct Stats {
     pub reference_faults: u64,
     /// Units installed by moving their received pages into the program's view (`frames.rs`).
     pub moved_units: u64,
+    /// Of those, units received into kept frames where those lay (another unit's place in the
+    /// shadow) rather than at their own place (`Inner::receive_target`).
+    pub borrowed_receives: u64,
     /// Units fetched from a home (demand and read-ahead).
     pub fetched_units: u64,
     pub fetched_bytes: u64,
@@ -198,6 +201,9 @@ pub(crate) struct State {
     clock: Clock<Entry>,
     /// Frames of evicted units kept for the next fetch (shadow areas).
     frames: Frames,
+    /// Kept frames a reply in flight is being received into, away from their place: nothing
+    /// may be moved into these ranges of the shadow until that reply is installed (`frames.rs`).
+    borrowed: Vec<(usize, usize)>,
     /// `Inner::sole_program_thread`, found once per holding of the lock.
     sole_thread: Option<bool>,
     set_count: u32,
@@ -336,6 +342,7 @@ impl Dlm {
             areas: Vec::new(),
             clock: Clock::with_capacity(max_units),
             frames: Frames::with_capacity(1024),
+            borrowed: Vec::with_capacity(MAX_PENDING),
             sole_thread: None,
             set_count: cfg.set_count,
             resident: 0,
@@ -778,12 +785,12 @@ impl Inner {
     fn make_room(&self, st: &mut State, bytes: usize) {
         let mut run = Run::default();
         while st.resident + bytes > self.cfg.local_mem {
-            let State { clock, areas, stats, frames, .. } = &mut *st;
+            let State { clock, areas, stats, frames, borrowed, .. } = &mut *st;
             let b = self.cfg.base_page;
             let sample = self.cfg.sample_references;
             let victim = clock.victim(|e| {
                 let a = areas[e.area as usize].as_ref().expect("live area");
-                if sample && !e.armed && self.arm(a, e, b, &mut run, frames) {
+                if sample && !e.armed && self.arm(a, e, b, &mut run, frames, borrowed) {
                     e.armed = true;
                     stats.second_chances += 1;
                 }
@@ -863,6 +870,9 @@ impl Inner {
         }
         let a = st.areas[ai].as_mut().expect("live");
         let shadow = a.shadow.as_ref().map(|m| m.addr() + first * b);
+        // Another unit's reply is being received into frames at this unit's place: its pages
+        // cannot go there, they are freed instead.
+        let place_taken = shadow.is_some_and(|sh| overlaps(&st.borrowed, sh, len));
         let mut kept = None;
         let r = match (&a.staging, &a.alias, shadow) {
             (Some((stage, _)), ..) => mprotect(start, len, Protection::None)
@@ -875,7 +885,7 @@ impl Inner {
                 Ok(())
             }
             // Frames big enough to receive a unit into go to the shadow, to be reused.
-            (None, None, Some(sh)) if len >= MOVE_MIN && self.cfg.move_install => {
+            (None, None, Some(sh)) if len >= MOVE_MIN && self.cfg.move_install && !place_taken => {
                 st.frames.remove_within(sh, len, free_frames);
                 kept = Some(sh);
                 let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
@@ -905,14 +915,39 @@ impl Inner {
         }
     }
 
+    /// Where the reply for a wholly missing unit whose place in its area's shadow is `place`
+    /// is received, decided before its request leaves (cheap: no page is touched):
+    /// - the unit's own frames, still at its place: received there;
+    /// - else one kept run of frames as large as the unit, *borrowed* where it lies (received
+    ///   there and moved straight into the program's view: one move less than gathering it to
+    ///   the place first — a stream's evicted units leave exactly such runs);
+    /// - else the place, filled by [`Inner::fill_place`] while the request travels;
+    /// - None when the place holds frames borrowed by another reply in flight and no run can be
+    ///   borrowed: the reply is copied in (UFFDIO_COPY) instead.
+    fn receive_target(&self, st: &mut State, place: usize, len: usize) -> Option<ReceiveAt> {
+        let place_free = !overlaps(&st.borrowed, place, len);
+        if place_free && st.frames.take_in_place(place, len) {
+            return Some(ReceiveAt::Ready(place));
+        }
+        if st.borrowed.len() < st.borrowed.capacity() {
+            if let Some((addr, n)) = st.frames.pop(len) {
+                if n == len {
+                    st.borrowed.push((addr, len));
+                    st.stats.borrowed_receives += 1;
+                    return Some(ReceiveAt::Ready(addr));
+                }
+                // Smaller than the unit: back where it was (the tail of the newest run).
+                let kept = st.frames.push(addr, n);
+                debug_assert!(kept, "a popped piece always fits back");
+            }
+        }
+        place_free.then_some(ReceiveAt::Fill(place))
+    }
+
     /// Fill `[dst, dst + len)`, a unit's place in its area's shadow, with kept frames (moved
     /// there) and fresh pages for the rest, so that the reply is received into pages that
     /// exist. Runs while the request travels.
-    fn gather_frames(&self, st: &mut State, dst: usize, len: usize) {
-        // The unit's own frames, left where it was evicted from: already in place.
-        if st.frames.take_in_place(dst, len) {
-            return;
-        }
+    fn fill_place(&self, st: &mut State, dst: usize, len: usize) {
         st.frames.remove_within(dst, len, free_frames);
         let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
         let mut off = 0;
@@ -991,7 +1026,7 @@ impl Inner {
         // cache (zero-copy) or its place in the shadow (moved in after) as is.
         let zero_copy = self.zero_copy && a.alias.is_some();
         let to_shadow = self.cfg.move_install && a.shadow.is_some() && count * b >= MOVE_MIN;
-        let direct = missing == count && (zero_copy || to_shadow && self.sole_program_thread(st));
+        let in_place = missing == count && (zero_copy || to_shadow && self.sole_program_thread(st));
         let a = st.areas[ai].as_mut().expect("live");
         for p in first..first + count {
             if a.slot[p] == NONE {
@@ -1011,22 +1046,25 @@ impl Inner {
         h.page = spage as u64;
         h.set_count = count as u32;
         let start = a.addr + first * b;
+        // Where the reply lands when received in place: pages to fill after the request left.
+        let target = match (in_place, a.shadow.as_ref().map(|m| m.addr() + first * b)) {
+            (false, _) => None,
+            (true, Some(place)) => self.receive_target(st, place, count * b),
+            (true, None) => Some(ReceiveAt::Fill(a.alias.as_ref().expect("zero-copy area").0.addr() + first * b)),
+        };
+        let direct = target.map(ReceiveAt::addr);
         let sent = st.queue_read(srv, h, start, count * b);
         st.conns[srv].pending.push_back(Pending::Read { area: ai as u32, first, count, direct, sent });
         if !readahead {
             // A demand fault waits for this reply: it leaves now.
             st.flush(srv, start, count * b);
         }
-        if direct {
+        if let Some(ReceiveAt::Fill(at)) = target {
             // While the request travels, make the pages the reply is received into exist.
-            let a = st.areas[ai].as_ref().expect("live");
-            if let Some(sh) = a.shadow.as_ref().map(|m| m.addr() + first * b) {
-                self.gather_frames(st, sh, count * b);
-            } else {
-                let alias = a.alias.as_ref().expect("zero-copy area").0.addr();
-                if let Err(e) = madvise(alias + first * b, count * b, Advice::PopulateWrite) {
-                    crate::fatal(format_args!("pagewise dlm: allocating {start:#x}+{:#x} failed: {e}", count * b));
-                }
+            if st.areas[ai].as_ref().expect("live").shadow.is_some() {
+                self.fill_place(st, at, count * b);
+            } else if let Err(e) = madvise(at, count * b, Advice::PopulateWrite) {
+                crate::fatal(format_args!("pagewise dlm: allocating {start:#x}+{:#x} failed: {e}", count * b));
             }
         }
         if readahead {
@@ -1051,19 +1089,19 @@ impl Inner {
             let off = (run_start - first) * b;
             let src = match data {
                 Fill::Data(d) => d[off..off + n * b].as_ptr(),
-                Fill::Zeros | Fill::InPlace => st.zeros.as_ptr(),
+                Fill::Zeros | Fill::InPlace(_) => st.zeros.as_ptr(),
             };
             let a = st.areas[ai].as_ref().expect("live");
             let dst = a.addr + run_start * b;
             let r = match (&self.uffd, &a.staging) {
-                // The data is in the unit's place in the shadow: move it in.
-                (Some(_), _) if matches!(data, Fill::InPlace) && a.shadow.is_some() => {
-                    let src = a.shadow.as_ref().expect("checked").addr() + run_start * b;
-                    self.move_in(st, dst, src, n * b, false);
+                // The data is in the shadow (the unit's place or borrowed frames): move it in.
+                (Some(_), _) if a.shadow.is_some() && matches!(data, Fill::InPlace(_)) => {
+                    let Fill::InPlace(at) = data else { unreachable!("matched above") };
+                    self.move_in(st, dst, at + off, n * b, false);
                     Ok(())
                 }
                 // The data is already in the memfd's page cache: map it, write-protected.
-                (Some(u), _) if matches!(data, Fill::InPlace) => u.continue_wp(dst, n * b, true, true),
+                (Some(u), _) if matches!(data, Fill::InPlace(_)) => u.continue_wp(dst, n * b, true, true),
                 (Some(u), _) => {
                     // SAFETY: src points at n*b readable bytes (the reply buffer or zeros,
                     // both at least one block long).
@@ -1096,10 +1134,22 @@ impl Inner {
     /// moved to its place in the shadow. Memfd areas: its program-view range joins `run`
     /// (MADV_DONTNEED of a shared mapping drops the page-table entries only). SIGSEGV areas:
     /// PROT_NONE. Other anonymous areas cannot be armed (their only copy of the data is what
-    /// would be dropped): false.
-    fn arm(&self, a: &Area, e: &Entry, b: usize, run: &mut Run, frames: &mut Frames) -> bool {
+    /// would be dropped), nor can a shadow area's unit whose place holds frames borrowed by a
+    /// reply in flight: false.
+    fn arm(
+        &self,
+        a: &Area,
+        e: &Entry,
+        b: usize,
+        run: &mut Run,
+        frames: &mut Frames,
+        borrowed: &[(usize, usize)],
+    ) -> bool {
         let (start, len) = (a.addr + e.first as usize * b, e.count as usize * b);
         if let Some(sh) = a.shadow.as_ref().map(|m| m.addr() + e.first as usize * b) {
+            if overlaps(borrowed, sh, len) {
+                return false;
+            }
             frames.remove_within(sh, len, free_frames);
             let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
             if let Err(err) = uffd.move_pages(sh, start, len, false, true) {
@@ -1109,6 +1159,28 @@ impl Inner {
         }
         arm_mapped(a, start, len, run)
     }
+}
+
+/// Where a reply received in place lands (`Inner::receive_target`).
+#[derive(Clone, Copy)]
+enum ReceiveAt {
+    /// Pages are there already.
+    Ready(usize),
+    /// The pages are to be made to exist there while the request travels.
+    Fill(usize),
+}
+
+impl ReceiveAt {
+    fn addr(self) -> usize {
+        match self {
+            ReceiveAt::Ready(a) | ReceiveAt::Fill(a) => a,
+        }
+    }
+}
+
+/// Whether `[addr, addr + len)` overlaps any of `ranges`.
+fn overlaps(ranges: &[(usize, usize)], addr: usize, len: usize) -> bool {
+    ranges.iter().any(|&(a, l)| a < addr + len && addr < a + l)
 }
 
 /// Free kept frames (MADV_DONTNEED on the shadow).
@@ -1171,8 +1243,9 @@ enum Fill<'a> {
     Zeros,
     /// A reply in a buffer (copied in).
     Data(&'a [u8]),
-    /// Already in the area's page cache, received through the alias (zero-copy).
-    InPlace,
+    /// Received where it is to be mapped from: at this address of the shadow (moved in), or of
+    /// the alias (already in the memfd's page cache, zero-copy).
+    InPlace(usize),
 }
 
 fn write_decisions(cfg: &Config, m: &crate::measure::Measure) {

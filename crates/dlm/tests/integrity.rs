@@ -172,6 +172,7 @@ fn scenario_single_thread(mode: FaultMode) {
     eprintln!("stats: {}", serde_json::to_string(&st).unwrap());
     assert_eq!(st.install, "move");
     assert!(st.moved_units > 0 && st.writebacks > 0 && st.reference_faults > 0, "{st:?}");
+    assert!(st.borrowed_receives > 0, "the final sequential check receives into borrowed frames: {st:?}");
     dlm.free(base as *mut u8).unwrap();
 }
 

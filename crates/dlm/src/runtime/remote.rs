@@ -10,12 +10,13 @@ use crate::transport::Transport;
 use crate::DlmError;
 
 pub(super) enum Pending {
-    /// `direct`: the reply goes straight into the area's page cache (zero-copy mode).
+    /// `direct`: where the reply is received in place (the shadow or the memfd's alias),
+    /// else None (received into a buffer and copied in).
     Read {
         area: u32,
         first: usize,
         count: usize,
-        direct: bool,
+        direct: Option<usize>,
         sent: Sent,
     },
     Write {
@@ -80,7 +81,7 @@ impl Inner {
         let b = self.cfg.base_page;
         let (ai, first, count, is_read, direct, sent) = match p {
             Pending::Read { area, first, count, direct, sent } => (area as usize, first, count, true, direct, sent),
-            Pending::Write { area, first, count, sent } => (area as usize, first, count, false, false, sent),
+            Pending::Write { area, first, count, sent } => (area as usize, first, count, false, None, sent),
         };
         let start = st.areas[ai].as_ref().map(|a| a.addr + first * b).unwrap_or(0);
         st.flush(srv, start, count * b);
@@ -124,20 +125,20 @@ impl Inner {
         if !is_read {
             return true;
         }
-        if direct {
-            let a = st.areas[ai].as_ref().expect("live");
-            let own = a.shadow.as_ref().map(|m| m.addr()).or(a.alias.as_ref().map(|(m, _)| m.addr()));
-            let own = own.expect("a unit received in place has a shadow or an alias");
-            // SAFETY: the shadow (or the alias of the memfd) is the runtime's own read-write
-            // mapping covering the unit; the unit is in flight, so the program cannot see these
-            // pages (not mapped in its view) and nothing else in the runtime holds them.
-            let dst = unsafe { std::slice::from_raw_parts_mut((own + first * b) as *mut u8, count * b) };
+        if let Some(at) = direct {
+            // SAFETY: `at` is count*b bytes of the runtime's own read-write mapping (the shadow,
+            // or the memfd's alias) that `request` reserved for this reply: the unit's place or
+            // frames borrowed for it. The program cannot see these pages (not mapped in its
+            // view) and nothing else in the runtime touches them until the reply is installed.
+            let dst = unsafe { std::slice::from_raw_parts_mut(at as *mut u8, count * b) };
             if let Err(e) = st.conns[srv].t.recv_payload(dst) {
                 st.fail(srv, &format_args!("connection lost: {e}"), start, count * b);
             }
             st.stats.fetched_units += 1;
             st.stats.fetched_bytes += (count * b) as u64;
-            self.install(st, ai, first, count, Fill::InPlace);
+            // Installing moves the pages away from `at`: its place is free again.
+            st.borrowed.retain(|&(a, _)| a != at);
+            self.install(st, ai, first, count, Fill::InPlace(at));
             return true;
         }
         let mut buf = std::mem::take(&mut st.buf);
