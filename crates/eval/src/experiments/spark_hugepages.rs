@@ -479,7 +479,10 @@ impl Experiment for SparkHugepages {
         let max = *sizes.iter().max().context("no data size fits this machine's memory")?;
         let executor_mem_mb = (((max / 4) * 5 / 2) >> 20).max(1536);
         let reps = ctx.mode.pick(1, 3);
-        let (random_passes, scan_passes, kmeans_iters) = ctx.mode.pick((3, 1, 3), (10, 2, 10));
+        // Quick mode: 6 random passes (2 s each at 2 GiB on this 2-core machine) so that the
+        // access the benchmark is about is more than the caching before it; ~1.5 min per
+        // application, 4 applications, one cluster.
+        let (random_passes, scan_passes, kmeans_iters) = ctx.mode.pick((6, 1, 3), (10, 2, 10));
         let configs = [Config::Off, Config::Entire, Config::Part, Config::PartOld];
         // PAGEWISE_SPARK_WORKLOADS=micro runs one workload (a smoke run on a busy machine).
         let workloads: Vec<&'static str> = match std::env::var("PAGEWISE_SPARK_WORKLOADS") {
@@ -671,8 +674,8 @@ impl Experiment for SparkHugepages {
         report.note(format!(
             "Standalone cluster (Spark {SPARK_VERSION} from the pyspark package): master + 2 workers x 2 executors (1 core, {executor_mem_mb} MiB heap each, the same JVM flags in every configuration but the hugepage one); \
              one application per configuration and repetition ({reps} interleaved off/entire/part/part-old) runs every size ({}) and workload in turn, unpersisting in between; \
-             MEMORY_ONLY_SER, Kryo, 4 MiB chunks. micro: cache 1 KiB records, {random_passes} random passes (a dependent chain of 8-byte reads at random offsets of each cached block, \
-             read in place, one per 256 bytes cached) and {scan_passes} scan pass(es) (deserialize and sum every record); kmeans: MLlib k-means (k = 8, {kmeans_iters} iterations) over the cached points. \
+             MEMORY_ONLY_SER, Kryo, 4 MiB chunks. micro: cache 8 KiB records, {random_passes} random passes (a dependent chain of 8-byte reads at random offsets of each cached block, \
+             read in place, one per 256 bytes cached) and {scan_passes} scan pass(es) (deserialize and sum every record); kmeans: MLlib k-means (k = 8, 64 dimensions, {kmeans_iters} iterations) over the cached points. \
              Times are measured inside the application: run = cache + access passes; JVM start (spark-submit to all 4 executors registered) is outside it (median {:.1} s).",
             sizes.iter().map(|&b| human_bytes(b)).collect::<Vec<_>>().join(", "),
             Summary::of(&jvm).median
