@@ -610,6 +610,15 @@ impl Experiment for SparkHugepages {
                             .figure("part_vs_off_random_time", ratio(m(part, |f| f.random_s), m(off, |f| f.random_s)));
                         report.figure("part_vs_off_scan_time", ratio(m(part, |f| f.scan_s), m(off, |f| f.scan_s)));
                         report.figure("part_vs_off_cache_time", ratio(m(part, |f| f.cache_s), m(off, |f| f.cache_s)));
+                        // part and part-old both keep the blocks outside the Java heap; only
+                        // hugepages differ between them. part-old vs off: only the heap differs
+                        // (its chunks get hugepages late or never).
+                        report.figure(
+                            "part_vs_part_old_random_time",
+                            ratio(m(part, |f| f.random_s), m(old, |f| f.random_s)),
+                        );
+                        report
+                            .figure("part_old_vs_off_cache_time", ratio(m(old, |f| f.cache_s), m(off, |f| f.cache_s)));
                         report.figure("entire_vs_off_time", ratio(m(entire, Figures::run_s), m(off, Figures::run_s)));
                         report.figure(
                             "entire_vs_off_random_time",
@@ -684,6 +693,14 @@ impl Experiment for SparkHugepages {
             "Hugepage bytes: AnonHugePages summed over the executors' smaps_rollup every 250 ms, peak while the workload ran at that size, against Spark's own cached bytes; \
              90% at: seconds from the start of caching until they first reached 90% of the cached bytes, with the end of the first access pass in parentheses. \
              The arena keeps freed regions (and their hugepages) for reuse, so at the second size part starts with the first size's regions.",
+        );
+        report.note(
+            "How to read the times: `part_vs_off_time` is the micro run time (cache + every access pass) at the largest size. \
+             Two effects add up in it. Off the Java heap: off's and entire's chunks are 4 MiB heap arrays (G1 humongous objects, each \
+             allocation able to start a concurrent cycle), part's and part-old's are not; `part_old_vs_off_cache_time` shows what that \
+             does to caching, and it is not a hugepage effect. Hugepages: part and part-old differ in them only (part-old's come late \
+             or never), and the random passes (TLB-bound) show it: `part_vs_part_old_random_time`; caching and the scan are \
+             serialization work.",
         );
         let non_local: u64 = apps.iter().flatten().flat_map(|a| a.done.iter().map(|d| d.non_local_blocks)).sum();
         if non_local > 0 {
