@@ -479,7 +479,10 @@ impl Experiment for SparkHugepages {
         let max = *sizes.iter().max().context("no data size fits this machine's memory")?;
         let executor_mem_mb = (((max / 4) * 5 / 2) >> 20).max(1536);
         let reps = ctx.mode.pick(1, 3);
-        let (random_passes, scan_passes, kmeans_iters) = ctx.mode.pick((3, 1, 3), (10, 2, 10));
+        // Quick mode: 6 random passes (2 s each at 2 GiB on this 2-core machine) so that the
+        // access the benchmark is about is more than the caching before it; ~1.5 min per
+        // application, 4 applications, one cluster.
+        let (random_passes, scan_passes, kmeans_iters) = ctx.mode.pick((6, 1, 3), (10, 2, 10));
         let configs = [Config::Off, Config::Entire, Config::Part, Config::PartOld];
         // PAGEWISE_SPARK_WORKLOADS=micro runs one workload (a smoke run on a busy machine).
         let workloads: Vec<&'static str> = match std::env::var("PAGEWISE_SPARK_WORKLOADS") {
@@ -607,6 +610,15 @@ impl Experiment for SparkHugepages {
                             .figure("part_vs_off_random_time", ratio(m(part, |f| f.random_s), m(off, |f| f.random_s)));
                         report.figure("part_vs_off_scan_time", ratio(m(part, |f| f.scan_s), m(off, |f| f.scan_s)));
                         report.figure("part_vs_off_cache_time", ratio(m(part, |f| f.cache_s), m(off, |f| f.cache_s)));
+                        // part and part-old both keep the blocks outside the Java heap; only
+                        // hugepages differ between them. part-old vs off: only the heap differs
+                        // (its chunks get hugepages late or never).
+                        report.figure(
+                            "part_vs_part_old_random_time",
+                            ratio(m(part, |f| f.random_s), m(old, |f| f.random_s)),
+                        );
+                        report
+                            .figure("part_old_vs_off_cache_time", ratio(m(old, |f| f.cache_s), m(off, |f| f.cache_s)));
                         report.figure("entire_vs_off_time", ratio(m(entire, Figures::run_s), m(off, Figures::run_s)));
                         report.figure(
                             "entire_vs_off_random_time",
@@ -671,8 +683,8 @@ impl Experiment for SparkHugepages {
         report.note(format!(
             "Standalone cluster (Spark {SPARK_VERSION} from the pyspark package): master + 2 workers x 2 executors (1 core, {executor_mem_mb} MiB heap each, the same JVM flags in every configuration but the hugepage one); \
              one application per configuration and repetition ({reps} interleaved off/entire/part/part-old) runs every size ({}) and workload in turn, unpersisting in between; \
-             MEMORY_ONLY_SER, Kryo, 4 MiB chunks. micro: cache 1 KiB records, {random_passes} random passes (a dependent chain of 8-byte reads at random offsets of each cached block, \
-             read in place, one per 256 bytes cached) and {scan_passes} scan pass(es) (deserialize and sum every record); kmeans: MLlib k-means (k = 8, {kmeans_iters} iterations) over the cached points. \
+             MEMORY_ONLY_SER, Kryo, 4 MiB chunks. micro: cache 8 KiB records, {random_passes} random passes (a dependent chain of 8-byte reads at random offsets of each cached block, \
+             read in place, one per 256 bytes cached) and {scan_passes} scan pass(es) (deserialize and sum every record); kmeans: MLlib k-means (k = 8, 64 dimensions, {kmeans_iters} iterations) over the cached points. \
              Times are measured inside the application: run = cache + access passes; JVM start (spark-submit to all 4 executors registered) is outside it (median {:.1} s).",
             sizes.iter().map(|&b| human_bytes(b)).collect::<Vec<_>>().join(", "),
             Summary::of(&jvm).median
@@ -681,6 +693,14 @@ impl Experiment for SparkHugepages {
             "Hugepage bytes: AnonHugePages summed over the executors' smaps_rollup every 250 ms, peak while the workload ran at that size, against Spark's own cached bytes; \
              90% at: seconds from the start of caching until they first reached 90% of the cached bytes, with the end of the first access pass in parentheses. \
              The arena keeps freed regions (and their hugepages) for reuse, so at the second size part starts with the first size's regions.",
+        );
+        report.note(
+            "How to read the times: `part_vs_off_time` is the micro run time (cache + every access pass) at the largest size. \
+             Two effects add up in it. Off the Java heap: off's and entire's chunks are 4 MiB heap arrays (G1 humongous objects, each \
+             allocation able to start a concurrent cycle), part's and part-old's are not; `part_old_vs_off_cache_time` shows what that \
+             does to caching, and it is not a hugepage effect. Hugepages: part and part-old differ in them only (part-old's come late \
+             or never), and the random passes (TLB-bound) show it: `part_vs_part_old_random_time`; caching and the scan are \
+             serialization work.",
         );
         let non_local: u64 = apps.iter().flatten().flat_map(|a| a.done.iter().map(|d| d.non_local_blocks)).sum();
         if non_local > 0 {

@@ -7,7 +7,6 @@ import java.util.Arrays;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.Random;
 import org.apache.spark.SparkConf;
 import org.apache.spark.SparkEnv;
 import org.apache.spark.api.java.JavaRDD;
@@ -33,13 +32,13 @@ import scala.Option;
  * <p>For every size in turn, and every workload at that size:
  *
  * <ul>
- *   <li>{@code micro}: cache B bytes of 1 KiB records in Storage Memory (MEMORY_ONLY_SER), then
+ *   <li>{@code micro}: cache B bytes of 8 KiB records in Storage Memory (MEMORY_ONLY_SER), then
  *       access them repeatedly (the paper's microbenchmark): R <em>random</em> passes — every
  *       task walks a dependent chain of 8-byte reads at random offsets of its cached block, read
  *       in place from the block's chunks, one read per 256 bytes cached (where TLB reach matters)
  *       — and S <em>scan</em> passes, which deserialize every record and sum it (sequential,
  *       CPU-bound in Kryo). Then unpersist.
- *   <li>{@code kmeans}: cache B bytes of 16-dimensional points around 8 centres
+ *   <li>{@code kmeans}: cache B bytes of {@value #DIMS}-dimensional points around 8 centres
  *       (MEMORY_ONLY_SER) and run MLlib k-means (k = 8, I iterations from fixed initial centres)
  *       over the cached RDD: every iteration reads the cached blocks. Then unpersist.
  * </ul>
@@ -53,6 +52,16 @@ import scala.Option;
  */
 public final class StorageBench {
   private StorageBench() {}
+
+  /**
+   * Longs per micro record (8 KiB). Kryo's cost per record (class, reference map reset) is paid
+   * once per record whatever its size, so larger records cache faster per byte; caching is
+   * serialization work that hugepages barely change.
+   */
+  static final int RECORD_LONGS = 1024;
+
+  /** Dimensions of a k-means point (few points per byte, for the same reason). */
+  static final int DIMS = 64;
 
   /** One read per this many cached bytes in a random pass. */
   static final long BYTES_PER_READ = 256;
@@ -133,15 +142,15 @@ public final class StorageBench {
   }
 
   private static int micro(JavaSparkContext sc, long bytes, int random, int scan, int parts) {
-    long records = bytes / 1024;
+    long records = bytes / (RECORD_LONGS * 8);
     long t0 = System.currentTimeMillis();
     // Records are made as Spark unrolls them into the cache, never held as a list.
     JavaRDD<long[]> data = sc.parallelize(range(parts), parts).flatMap(p -> {
-      Random r = new Random(p);
+      long[] state = {CachedBlocks.mix(p + 1)};
       return generate(p, records, parts, () -> {
-        long[] rec = new long[128];
+        long[] rec = new long[RECORD_LONGS];
         for (int j = 0; j < rec.length; j++) {
-          rec[j] = r.nextLong();
+          rec[j] = nextRandom(state);
         }
         return rec;
       });
@@ -181,17 +190,17 @@ public final class StorageBench {
   }
 
   private static int kmeans(JavaSparkContext sc, long bytes, int iters, int parts) {
-    long points = bytes / (16 * 8 + 16);
+    long points = bytes / (DIMS * 8 + 16);
     long t0 = System.currentTimeMillis();
     JavaRDD<Vector> data = sc.parallelize(range(parts), parts).flatMap(p -> {
-      Random r = new Random(p);
+      long[] state = {CachedBlocks.mix(p + 1)};
       long[] i = {p};
       return generate(p, points, parts, () -> {
-        double[] x = new double[16];
+        double[] x = new double[DIMS];
         int c = (int) (i[0] % 8);
         i[0] += parts;
         for (int j = 0; j < x.length; j++) {
-          x[j] = c * 10.0 + r.nextGaussian();
+          x[j] = c * 10.0 + nearGaussian(nextRandom(state));
         }
         return Vectors.dense(x);
       });
@@ -204,7 +213,7 @@ public final class StorageBench {
     // passes over the data before the iterations, and the same start in every configuration.
     Vector[] init = new Vector[8];
     for (int c = 0; c < 8; c++) {
-      double[] x = new double[16];
+      double[] x = new double[DIMS];
       Arrays.fill(x, c * 10.0 + 3.0);
       init[c] = Vectors.dense(x);
     }
@@ -297,6 +306,27 @@ public final class StorageBench {
     };
   }
 
+  /**
+   * The next value of a splitmix64 sequence whose state is {@code state[0]}: a few
+   * multiplications per value (java.util.Random's nextLong and nextGaussian cost a CAS and,
+   * for the Gaussian, a logarithm and a square root, and made data generation a large part of
+   * caching). The same sequence in every configuration.
+   */
+  static long nextRandom(long[] state) {
+    state[0] += 0x9e3779b97f4a7c15L;
+    return CachedBlocks.mix(state[0]);
+  }
+
+  /**
+   * A value of mean 0 and variance 1, close to Gaussian, from 64 random bits: the sum of four
+   * 16-bit uniforms (Irwin-Hall), centred and scaled; within [-2 sqrt(3), 2 sqrt(3)].
+   */
+  static double nearGaussian(long bits) {
+    long sum = (bits & 0xffff) + ((bits >>> 16) & 0xffff) + ((bits >>> 32) & 0xffff) + (bits >>> 48);
+    // Each 16-bit uniform has mean 32767.5 and variance (65536^2 - 1) / 12.
+    return (sum - 4 * 32767.5) * (Math.sqrt(3.0) / 65536.0);
+  }
+
   private static List<Integer> range(int n) {
     List<Integer> out = new ArrayList<>();
     for (int i = 0; i < n; i++) {
@@ -354,8 +384,24 @@ public final class StorageBench {
       }
       long reads = Math.max(1, total / bytesPerRead);
       long x = mix(seed);
+      if (words < (1L << 32) && Long.bitCount(chunk) == 1) {
+        // The common case (Spark's chunk size is a power of two, a block below 32 GiB): the
+        // word is hi32(x) * words / 2^32 (a multiply, no division) and the chunk a shift, so
+        // the chain waits on memory, not on the divider. The loop below picks the same words.
+        int shift = Long.numberOfTrailingZeros(chunk);
+        long mask = chunk - 1;
+        for (long i = 0; i < reads; i++) {
+          long off = (((x >>> 32) * words) >>> 32) << 3;
+          long v = chunks[(int) (off >>> shift)].getLong((int) (off & mask));
+          x = mix(x ^ v);
+        }
+        return x;
+      }
       for (long i = 0; i < reads; i++) {
-        long off = Long.remainderUnsigned(x, words) * 8;
+        long off = (((x >>> 32) * words) >>> 32) << 3;
+        if (words >= (1L << 32)) {
+          off = Long.remainderUnsigned(x, words) * 8;
+        }
         int c = (int) (off / chunk);
         long v = chunks[c].getLong((int) (off - c * chunk));
         x = mix(x ^ v);

@@ -89,6 +89,31 @@ class StorageBenchTest {
     assertEquals(n, total);
   }
 
+  /** The k-means points' noise: mean 0, variance 1, bounded, and the same sequence every run. */
+  @Test
+  void generatedNoiseHasUnitVarianceAndRepeats() {
+    long[] state = {StorageBench.CachedBlocks.mix(1)};
+    int n = 1_000_000;
+    double sum = 0;
+    double sq = 0;
+    for (int i = 0; i < n; i++) {
+      double g = StorageBench.nearGaussian(StorageBench.nextRandom(state));
+      assertTrue(Math.abs(g) <= 2 * Math.sqrt(3) + 1e-9, "out of range: " + g);
+      sum += g;
+      sq += g * g;
+    }
+    double mean = sum / n;
+    assertEquals(0, mean, 0.01);
+    assertEquals(1, sq / n - mean * mean, 0.01);
+    long[] a = {42};
+    long[] b = {42};
+    for (int i = 0; i < 10; i++) {
+      assertEquals(StorageBench.nextRandom(a), StorageBench.nextRandom(b));
+    }
+    assertNotEquals(StorageBench.nextRandom(a), StorageBench.nextRandom(a));
+    assertEquals(0.0, StorageBench.nearGaussian(0x7fff_8000_7fff_8000L), 1e-3);
+  }
+
   @Test
   void resultLinesAreJson() {
     assertEquals("{\"a\":\"x\\\"y\",\"b\":1.5,\"c\":null,\"d\":7}", StorageBench.obj("a", "x\"y", "b", 1.5, "c",
