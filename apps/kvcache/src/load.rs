@@ -28,18 +28,7 @@ pub fn key_of(n: u64) -> String {
 /// [`key_of`] appended to `out`, without allocating (the generator's hot path).
 pub fn push_key(n: u64, out: &mut Vec<u8>) {
     out.extend_from_slice(b"user");
-    let mut digits = [0u8; 20];
-    let mut v = fnvhash64(n);
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[i..]);
+    crate::cache::push_num(out, fnvhash64(n));
 }
 
 /// The value stored for `key`: `len` letters derived from the key.

@@ -255,6 +255,10 @@ impl Experiment for HpsKvcache {
         let reps: usize = ctx.mode.pick(7, 10);
         let place = placement();
         let _pinned = place.map(|p| PinnedThread::to(p.client)).transpose()?;
+        // A timed run of zipfian gets (every value checked when `verify`).
+        let read_zipfian = |addr: &str, ops: u64, verify: bool, seed: u64| {
+            load::run(addr, records, Choice::Zipfian, VALUE, CONNS, DEPTH, ops, Duration::from_secs(120), verify, seed)
+        };
         let have_memcached = find_in_path("memcached").is_some();
         let mut configs = vec![Config::Default, Config::Thp, Config::Hps];
         if have_memcached {
@@ -269,18 +273,7 @@ impl Experiment for HpsKvcache {
             let r = start(Config::ThpL, &[])?;
             let l = load::load(&r.addr, 0, records, VALUE, 2, 64)?;
             anyhow::ensure!(l.bad == 0, "{}: {} stores not STORED", Config::ThpL.name(), l.bad);
-            load::run(
-                &r.addr,
-                records,
-                Choice::Zipfian,
-                VALUE,
-                CONNS,
-                DEPTH,
-                reads,
-                Duration::from_secs(120),
-                false,
-                99,
-            )?;
+            read_zipfian(&r.addr, reads, false, 99)?;
             let m = memory(&r)? as f64;
             ctx.tick();
             m
@@ -305,33 +298,11 @@ impl Experiment for HpsKvcache {
         let warm_limit = Duration::from_secs(ctx.mode.pick(45, 90));
         for (i, r) in servers.iter().enumerate() {
             ctx.message(format!("warming {}", r.config.name()));
-            load::run(
-                &r.addr,
-                records,
-                Choice::Zipfian,
-                VALUE,
-                CONNS,
-                DEPTH,
-                reads,
-                Duration::from_secs(120),
-                false,
-                99,
-            )?;
+            read_zipfian(&r.addr, reads, false, 99)?;
             if matches!(r.config, Config::Hps | Config::MemcachedHps) {
                 let t = Instant::now();
                 while !converged(r)? && t.elapsed() < warm_limit {
-                    load::run(
-                        &r.addr,
-                        records,
-                        Choice::Zipfian,
-                        VALUE,
-                        CONNS,
-                        DEPTH,
-                        reads / 4,
-                        Duration::from_secs(60),
-                        false,
-                        98,
-                    )?;
+                    read_zipfian(&r.addr, reads / 4, false, 98)?;
                     hps_warm_runs += 1;
                 }
                 warm.push((r.config, t.elapsed().as_secs_f64(), converged(r)?));
@@ -348,18 +319,7 @@ impl Experiment for HpsKvcache {
                 if rep % 2 == 0 { (0..servers.len()).collect() } else { (0..servers.len()).rev().collect() };
             for i in order {
                 let r = &servers[i];
-                let res = load::run(
-                    &r.addr,
-                    records,
-                    Choice::Zipfian,
-                    VALUE,
-                    CONNS,
-                    DEPTH,
-                    reads,
-                    Duration::from_secs(120),
-                    true,
-                    rep as u64,
-                )?;
+                let res = read_zipfian(&r.addr, reads, true, rep as u64)?;
                 anyhow::ensure!(
                     res.bad == 0 && res.misses == 0,
                     "{}: {} wrong values, {} misses",
