@@ -57,10 +57,11 @@
 //!
 //! # Installing pages
 //! Default: anonymous areas. With UFFDIO_MOVE each has a *shadow*, a private mapping of the
-//! same size the program never sees: a READ of a wholly missing unit of 128 KiB or more gathers
-//! frames kept from evicted units into the unit's place in the shadow while the request
-//! travels (fresh pages only for what is missing), receives the reply straight into them and
-//! moves them into the program's view; evicted units' pages are moved back into the shadow
+//! same size the program never sees: a READ of a wholly missing unit of 128 KiB or more is
+//! received straight into frames kept from evicted units — the unit's own, still at its place,
+//! else a kept run as large as the unit wherever it lies (*borrowed*), else frames gathered into
+//! the unit's place while the request travels (fresh pages only for what is missing) — and
+//! moved from there into the program's view; evicted units' pages are moved back into the shadow
 //! and kept (`runtime/frames.rs`, which also says why a clean unit is moved in only while the
 //! program has one thread). Smaller units, and kernels without UFFDIO_MOVE: UFFDIO_COPY from
 //! the reply buffer (atomic per page, mode WP).
