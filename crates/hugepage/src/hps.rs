@@ -4,8 +4,8 @@
 use std::cell::Cell;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use pagewise_kernel::fd;
@@ -153,6 +153,8 @@ struct Shared {
     conv: Mutex<Option<Convergence>>,
     converged: AtomicBool,
     new_memory: AtomicBool,
+    /// The tracking thread, to wake it when its sleep should end early (see [`Shared::wake`]).
+    tracking_thread: OnceLock<Thread>,
     /// Decisions made by decision steps (promotions, compacted pages, regions observed fully).
     decisions: AtomicU64,
     promoted: AtomicU64,
@@ -225,6 +227,7 @@ impl Hps {
             conv: Mutex::new(conv),
             converged: AtomicBool::new(false),
             new_memory: AtomicBool::new(false),
+            tracking_thread: OnceLock::new(),
             decisions: AtomicU64::new(0),
             promoted: AtomicU64::new(0),
             compacted: AtomicU64::new(0),
@@ -289,6 +292,7 @@ impl Hps {
         self.shared.arenas.lock().expect("arenas lock").push(arena);
         self.shared.idle_periods.store(0, Ordering::Relaxed);
         self.shared.new_memory.store(true, Ordering::Release);
+        self.shared.wake();
         Ok(p)
     }
 
@@ -376,6 +380,7 @@ impl Hps {
                 c.force_restart();
             }
             self.shared.converged.store(false, Ordering::Release);
+            self.shared.wake();
         }
     }
 
@@ -492,6 +497,7 @@ impl Hps {
         let mut cfg = self.shared.cfg.lock().expect("cfg lock");
         f(&mut cfg);
         self.shared.idle_periods.store(0, Ordering::Relaxed);
+        self.shared.wake();
     }
 
     /// Whether the notify mode is `Handler` with its service thread running.
@@ -503,6 +509,7 @@ impl Hps {
 impl Drop for Hps {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
+        self.shared.wake();
         if let Some(t) = self.tracker_thread.take() {
             let _ = t.join();
         }
@@ -680,6 +687,7 @@ fn process(s: &Shared) -> Result<Outcome> {
     if decided > 0 {
         s.idle_periods.store(0, Ordering::Relaxed);
         s.decisions.fetch_add(decided as u64, Ordering::Relaxed);
+        s.wake();
     }
     Ok(out)
 }
@@ -726,11 +734,17 @@ fn try_promote(s: &Shared, addr: usize) -> Result<PromoteResult> {
 }
 
 fn tracking_loop(s: &Shared) {
+    let _ = s.tracking_thread.set(std::thread::current());
     let mut last_publish = Instant::now();
     let mut last_decisions = 0u64;
     // A probe armed pages while converged: classify what they saw at the next step.
     let mut collect = false;
     while !s.stop.load(Ordering::Acquire) {
+        if !s.tracking.load(Ordering::Acquire) {
+            // Nothing to do until tracking is switched on again or HPS stops (both wake us).
+            std::thread::park();
+            continue;
+        }
         let cfg = s.cfg.lock().expect("cfg lock").clone();
         let idle = s.idle_periods.load(Ordering::Relaxed);
         let converged = s.converged.load(Ordering::Acquire);
@@ -739,13 +753,19 @@ fn tracking_loop(s: &Shared) {
         } else {
             policy::thinned_interval_ms(cfg.interval_ms, cfg.max_interval_ms, idle)
         };
+        // Sleep out the period unless woken for a reason to start the next one now: stop, new
+        // work (a decision, a new arena, a new configuration) or, while converged, new memory.
+        // No polling: the thread shares its core with the application it serves.
         let deadline = Instant::now() + Duration::from_millis(ms);
-        // Sleep in short steps so stop and restart take effect quickly.
-        while Instant::now() < deadline && !s.stop.load(Ordering::Acquire) {
-            std::thread::sleep(Duration::from_millis(5).min(deadline.saturating_duration_since(Instant::now())));
-            if s.idle_periods.load(Ordering::Relaxed) < idle || (converged && s.new_memory.load(Ordering::Acquire)) {
+        loop {
+            let woken = s.stop.load(Ordering::Acquire)
+                || s.idle_periods.load(Ordering::Relaxed) < idle
+                || (converged && s.new_memory.load(Ordering::Acquire));
+            let left = deadline.saturating_duration_since(Instant::now());
+            if woken || left.is_zero() {
                 break;
             }
+            std::thread::park_timeout(left);
         }
         if s.stop.load(Ordering::Acquire) || !s.tracking.load(Ordering::Acquire) {
             continue;
@@ -825,6 +845,15 @@ fn tracking_loop(s: &Shared) {
         if cfg.publish && last_publish.elapsed() >= Duration::from_millis(500) {
             let _ = publish_live(s);
             last_publish = Instant::now();
+        }
+    }
+}
+
+impl Shared {
+    /// End the tracking thread's sleep early (it re-checks why it sleeps).
+    fn wake(&self) {
+        if let Some(t) = self.tracking_thread.get() {
+            t.unpark();
         }
     }
 }
