@@ -101,6 +101,29 @@ pub fn set_affinity_of(pid: i32, cpus: &BTreeSet<usize>) -> Result<()> {
     set_affinity_raw(pid, cpus.iter().copied()).map_err(|source| Error::Syscall { call: "sched_setaffinity", source })
 }
 
+extern "C" {
+    // glibc's; the libc crate does not declare it for Linux.
+    fn clock_getcpuclockid(pid: libc::pid_t, clock: *mut libc::clockid_t) -> libc::c_int;
+}
+
+/// CPU time process `pid` has used so far, all its threads together, ended ones too: its
+/// per-process CPU clock. With steal accounting (CONFIG_PARAVIRT_TIME_ACCOUNTING) time the
+/// hypervisor gave to other guests is not in it, so it measures work, not the host's load.
+pub fn process_cpu_time(pid: i32) -> Result<std::time::Duration> {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: clock is a valid out-pointer. The error number is returned, not set in errno.
+    let rc = unsafe { clock_getcpuclockid(pid, &mut clock) };
+    if rc != 0 {
+        return Err(Error::Syscall { call: "clock_getcpuclockid", source: std::io::Error::from_raw_os_error(rc) });
+    }
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid out-pointer.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return Err(Error::last_os("clock_gettime"));
+    }
+    Ok(std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+}
+
 /// The pids of the kswapd kernel threads (`kswapdN`, one per node), from /proc/PID/comm.
 pub fn kswapd_pids() -> Result<Vec<i32>> {
     let dir = std::fs::read_dir("/proc").map_err(|source| Error::Read { path: "/proc".into(), source })?;
@@ -150,6 +173,27 @@ pub fn current_cpu() -> usize {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_child_that_spins_shows_its_cpu_time_and_a_missing_process_is_an_error() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 0.3; i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; sleep 5"])
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        // Sleeping, it has used next to nothing yet.
+        assert!(process_cpu_time(pid).unwrap() < std::time::Duration::from_millis(20));
+        let t = std::time::Instant::now();
+        let mut used = process_cpu_time(pid).unwrap();
+        while used < std::time::Duration::from_millis(20) && t.elapsed() < std::time::Duration::from_secs(30) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            used = process_cpu_time(pid).unwrap();
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(used >= std::time::Duration::from_millis(20), "the spinning child used {used:?}");
+        assert!(process_cpu_time(pid).is_err(), "a reaped child still has a CPU clock");
+    }
 
     #[test]
     fn parses_kernel_cpulists() {

@@ -368,6 +368,29 @@ impl ThreadCount {
     }
 }
 
+/// Steal time of one CPU from /proc/stat text, in USER_HZ ticks: the eighth value of its
+/// `cpuN` line, time the hypervisor ran something else while this CPU had work.
+pub fn parse_cpu_steal_ticks(text: &str, cpu: usize) -> Result<u64> {
+    let name = format!("cpu{cpu}");
+    let line = text
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name.as_str()))
+        .ok_or_else(|| Error::parse("/proc/stat", format!("no {name} line")))?;
+    line.split_whitespace()
+        .nth(8)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| Error::parse("/proc/stat", format!("no steal value in {line:?}")))
+}
+
+/// Steal time of one CPU so far (/proc/stat).
+pub fn read_cpu_steal(cpu: usize) -> Result<std::time::Duration> {
+    let ticks = parse_cpu_steal_ticks(&read_file("/proc/stat")?, cpu)?;
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let hz = if hz > 0 { hz as u64 } else { 100 };
+    Ok(std::time::Duration::from_nanos(ticks.saturating_mul(1_000_000_000 / hz)))
+}
+
 /// Threads of a process from the link count of its /proc/PID/task (2 + threads; a live process
 /// has at least one thread).
 pub fn thread_count_from_task_links(nlink: u64) -> Option<u32> {
@@ -376,6 +399,26 @@ pub fn thread_count_from_task_links(nlink: u64) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn steal_is_the_eighth_value_of_the_cpus_own_line() {
+        let text = "cpu  3782908 0 985481 1202515 99792 0 163729 183687 0 0\n\
+                    cpu0 1891454 0 492740 601257 49896 0 81864 91843 0 0\n\
+                    cpu1 1891454 0 492741 601258 49896 0 81865 91844 0 0\n\
+                    cpu10 1 0 1 1 1 0 1 7 0 0\n\
+                    intr 12345 0 0\n";
+        assert_eq!(super::parse_cpu_steal_ticks(text, 0).unwrap(), 91843);
+        assert_eq!(super::parse_cpu_steal_ticks(text, 1).unwrap(), 91844);
+        assert_eq!(super::parse_cpu_steal_ticks(text, 10).unwrap(), 7);
+        assert!(super::parse_cpu_steal_ticks(text, 2).is_err());
+        // Kernels before 2.6.11 had no steal column.
+        assert!(super::parse_cpu_steal_ticks("cpu0 1 2 3 4 5 6 7\n", 0).is_err());
+    }
+
+    #[test]
+    fn this_cpus_steal_can_be_read() {
+        super::read_cpu_steal(crate::cpu::current_cpu()).unwrap();
+    }
 
     #[test]
     fn thread_count_is_the_task_link_count_less_two() {

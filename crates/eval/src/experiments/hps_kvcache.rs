@@ -9,7 +9,14 @@
 //! checked. Placement: every server runs on the last CPU with one worker thread, the generator
 //! on the first, so the server's core is saturated (measured: 1% idle on it) and the ratios
 //! compare the servers, not the scheduler's mixing of client and server on shared cores (runs
-//! of 200,000 reads on shared cores spread 0.68–1.23 around their median ratio). Memory: for kvcache the server's own `memory_bytes` (RSS, with the HPS tracked
+//! of 200,000 reads on shared cores spread 0.68–1.23 around their median ratio).
+//!
+//! Throughput is gets per wall-clock second. A second THP server, identical to the first,
+//! shows how far a paired ratio strays by chance on this VM (the host's other guests take
+//! CPU and cache from one second to the next): the resolution of every other ratio. Gets per
+//! second of the server's own CPU time are reported too, as a second opinion.
+//!
+//! Memory: for kvcache the server's own `memory_bytes` (RSS, with the HPS tracked
 //! arena counted by its memfd's blocks: RSS misses pages whose mappings the tracker dropped);
 //! for memcached VmRSS.
 
@@ -20,6 +27,9 @@ use std::time::{Duration, Instant};
 
 use pagewise_kvcache::load::{self, Choice};
 use serde_json::json;
+
+use pagewise_kernel::cpu::process_cpu_time;
+use pagewise_kernel::procfs::read_cpu_steal;
 
 use crate::report::{Plot, Report, Table};
 use crate::stats::Summary;
@@ -69,6 +79,8 @@ impl Drop for PinnedThread {
 enum Config {
     Default,
     Thp,
+    /// A second, identical THP server: THP / THP again is the noise floor of a paired ratio.
+    ThpAgain,
     /// The whole cache preallocated on hugepages (`-L`, as memcached's): the paper's THP
     /// memory point. Measured for memory only.
     ThpL,
@@ -84,6 +96,7 @@ impl Config {
         match self {
             Config::Default => "kvcache Default",
             Config::Thp => "kvcache THP",
+            Config::ThpAgain => "kvcache THP (again)",
             Config::ThpL => "kvcache THP -L",
             Config::Hps => "kvcache HPS",
             Config::Memcached => "memcached",
@@ -92,7 +105,7 @@ impl Config {
         }
     }
     fn is_kvcache(self) -> bool {
-        matches!(self, Config::Default | Config::Thp | Config::ThpL | Config::Hps)
+        matches!(self, Config::Default | Config::Thp | Config::ThpAgain | Config::ThpL | Config::Hps)
     }
 }
 
@@ -159,7 +172,7 @@ fn start(config: Config, extra: &[&str]) -> anyhow::Result<Running> {
     let mut cmd = if config.is_kvcache() {
         let mut c = Command::new(sibling_binary("pagewise-kvcache")?);
         let mode = match config {
-            Config::Thp | Config::ThpL => "thp",
+            Config::Thp | Config::ThpAgain | Config::ThpL => "thp",
             Config::Hps => "hps",
             _ => "default",
         };
@@ -260,7 +273,7 @@ impl Experiment for HpsKvcache {
             load::run(addr, records, Choice::Zipfian, VALUE, CONNS, DEPTH, ops, Duration::from_secs(120), verify, seed)
         };
         let have_memcached = find_in_path("memcached").is_some();
-        let mut configs = vec![Config::Default, Config::Thp, Config::Hps];
+        let mut configs = vec![Config::Default, Config::Thp, Config::Hps, Config::ThpAgain];
         if have_memcached {
             configs.extend([Config::Memcached, Config::MemcachedL, Config::MemcachedHps]);
         }
@@ -312,6 +325,10 @@ impl Experiment for HpsKvcache {
         }
         ctx.message("measuring");
         let mut tput: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+        // Gets per second of the server's own CPU time (steal excluded), and the share of the
+        // run the hypervisor stole from the server's CPU.
+        let mut per_core: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+        let mut steal: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
         let mut mem: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
         for rep in 0..reps {
             // A B C … then … C B A: no configuration always runs right after the same one.
@@ -319,7 +336,10 @@ impl Experiment for HpsKvcache {
                 if rep % 2 == 0 { (0..servers.len()).collect() } else { (0..servers.len()).rev().collect() };
             for i in order {
                 let r = &servers[i];
+                let server_cpu = place.map_or(0, |p| p.server);
+                let (cpu0, steal0) = (process_cpu_time(r.server_pid)?, read_cpu_steal(server_cpu)?);
                 let res = read_zipfian(&r.addr, reads, true, rep as u64)?;
+                let (cpu1, steal1) = (process_cpu_time(r.server_pid)?, read_cpu_steal(server_cpu)?);
                 anyhow::ensure!(
                     res.bad == 0 && res.misses == 0,
                     "{}: {} wrong values, {} misses",
@@ -328,6 +348,8 @@ impl Experiment for HpsKvcache {
                     res.misses
                 );
                 tput[i].push(res.ops_per_sec());
+                per_core[i].push(res.ops as f64 / (cpu1 - cpu0).as_secs_f64().max(1e-9));
+                steal[i].push((steal1 - steal0).as_secs_f64() / res.secs.max(1e-9));
                 let m = memory(r)? as f64;
                 mem[i].push(m);
                 mem_series[i].push((t0.elapsed().as_secs_f64(), m / (1 << 20) as f64));
@@ -342,16 +364,15 @@ impl Experiment for HpsKvcache {
             .unwrap_or_default();
         drop(servers);
 
-        // Paired ratios per repetition (the configurations of a repetition ran back to back).
+        // Paired ratios per repetition (the configurations of a repetition ran back to back),
+        // of gets per wall-clock second (the headline) or per server CPU-second.
         let idx = |c: Config| configs.iter().position(|&x| x == c);
-        let paired_all = |a: Config, b: Config| -> Option<Summary> {
+        let paired_all = |series: &[Vec<f64>], a: Config, b: Config| -> Option<Summary> {
             let (a, b) = (idx(a)?, idx(b)?);
-            Some(Summary::of(&(0..reps).map(|k| tput[a][k] / tput[b][k]).collect::<Vec<_>>()))
+            Some(Summary::of(&(0..reps).map(|k| series[a][k] / series[b][k]).collect::<Vec<_>>()))
         };
-        let paired = |a: Config, b: Config| paired_all(a, b).map(|s| s.median);
+        let paired = |series: &[Vec<f64>], a: Config, b: Config| paired_all(series, a, b).map(|s| s.median);
         let med_mem = |c: Config| idx(c).map(|i| median(&mem[i]));
-        let hps_vs_thp = paired(Config::Hps, Config::Thp).unwrap_or(f64::NAN);
-        let kv_vs_mc = paired(Config::Default, Config::Memcached);
         let (d, t, h) = (
             med_mem(Config::Default).unwrap_or(0.0),
             med_mem(Config::Thp).unwrap_or(0.0),
@@ -387,26 +408,50 @@ impl Experiment for HpsKvcache {
         let mut report = Report::default();
         let mut table = Table::new([
             "server",
-            "throughput kops/s (median)",
+            "kgets/s (median)",
             "min–max",
             "vs kvcache Default",
+            "kgets per server CPU-s (median)",
+            "min–max",
+            "steal of the server's CPU",
             "memory MiB (median)",
             "memory increase over kvcache Default MiB",
         ]);
         let def_tp = median(&tput[0]);
         for (i, &c) in configs.iter().enumerate() {
-            let s = Summary::of(&tput[i]);
+            let (core, wall) = (Summary::of(&per_core[i]), Summary::of(&tput[i]));
             table.row([
                 c.name().to_string(),
-                format!("{:.0}", s.median / 1e3),
-                format!("{:.0}–{:.0}", s.min / 1e3, s.max / 1e3),
-                format!("{:.3}", s.median / def_tp),
+                format!("{:.0}", wall.median / 1e3),
+                format!("{:.0}–{:.0}", wall.min / 1e3, wall.max / 1e3),
+                format!("{:.3}", wall.median / def_tp),
+                format!("{:.0}", core.median / 1e3),
+                format!("{:.0}–{:.0}", core.min / 1e3, core.max / 1e3),
+                format!("{:.0}%", median(&steal[i]) * 100.0),
                 format!("{:.0}", median(&mem[i]) / (1 << 20) as f64),
                 format!("{:+.1}", (median(&mem[i]) - d) / (1 << 20) as f64),
             ]);
         }
-        report.figure("kvcache_vs_memcached", kv_vs_mc.map_or(serde_json::Value::Null, |v| json!(v)));
-        report.figure("hps_vs_thp_throughput", hps_vs_thp);
+        let or_null = |v: Option<f64>| v.map_or(serde_json::Value::Null, |v| json!(v));
+        // Each throughput key per wall-clock second with the spread of the paired runs, and per
+        // second of the server's CPU time. THP / THP again: how far two identical servers'
+        // paired ratio strays, the resolution of the others.
+        for (key, a, b) in [
+            ("kvcache_vs_memcached", Config::Default, Config::Memcached),
+            ("hps_vs_thp_throughput", Config::Hps, Config::Thp),
+            ("thp_vs_thp_again_throughput", Config::Thp, Config::ThpAgain),
+            ("memcached_hps_vs_largepages", Config::MemcachedHps, Config::MemcachedL),
+            ("memcached_largepages_vs_default", Config::MemcachedL, Config::Memcached),
+        ] {
+            report.figure(key, or_null(paired(&tput, a, b)));
+            report.figure(&format!("{key}_per_server_cpu_s"), or_null(paired(&per_core, a, b)));
+            if let Some(sm) = paired_all(&tput, a, b) {
+                report.figure(&format!("{key}_min"), sm.min);
+                report.figure(&format!("{key}_max"), sm.max);
+            }
+        }
+        let all_steal: Vec<f64> = steal.iter().flatten().copied().collect();
+        report.figure("server_cpu_steal_share_median", median(&all_steal));
         report.figure(
             "hps_vs_thp_rss_increase",
             if rss_inc_ratio.is_nan() { serde_json::Value::Null } else { json!(rss_inc_ratio) },
@@ -415,20 +460,7 @@ impl Experiment for HpsKvcache {
             "hps_vs_thp_madvise_rss_increase",
             if rss_inc_ratio_madvise.is_nan() { serde_json::Value::Null } else { json!(rss_inc_ratio_madvise) },
         );
-        for (key, a, b) in [
-            ("hps_vs_thp_throughput", Config::Hps, Config::Thp),
-            ("memcached_hps_vs_largepages", Config::MemcachedHps, Config::MemcachedL),
-        ] {
-            if let Some(sm) = paired_all(a, b) {
-                report.figure(&format!("{key}_min"), sm.min);
-                report.figure(&format!("{key}_max"), sm.max);
-            }
-        }
         report.figure("hot_arena_vs_hot_set_after_drift", drift.ratio);
-        report.figure(
-            "memcached_hps_vs_largepages",
-            paired(Config::MemcachedHps, Config::MemcachedL).map_or(serde_json::Value::Null, |v| json!(v)),
-        );
         // RSS increase over memcached default: under `pagewise hps run` against `-L`.
         let mc_inc = |c: Config| Some(med_mem(c)? - med_mem(Config::Memcached)?);
         report.figure(
@@ -437,10 +469,6 @@ impl Experiment for HpsKvcache {
                 (Some(h), Some(l)) if l > 0.0 => json!(h.max(0.0) / l),
                 _ => serde_json::Value::Null,
             },
-        );
-        report.figure(
-            "memcached_largepages_vs_default",
-            paired(Config::MemcachedL, Config::Memcached).map_or(serde_json::Value::Null, |v| json!(v)),
         );
         if let Some((kv, mc)) = ycsb {
             report.figure("ycsb_kvcache_vs_memcached", kv / mc);
@@ -462,6 +490,9 @@ impl Experiment for HpsKvcache {
             "–".into(),
             "–".into(),
             "–".into(),
+            "–".into(),
+            "–".into(),
+            "–".into(),
             format!("{:.0}", thp_l_mem / (1 << 20) as f64),
             format!("{:+.1}", thp_l_inc / (1 << 20) as f64),
         ]);
@@ -469,22 +500,35 @@ impl Experiment for HpsKvcache {
             format!("{records} records of {VALUE} B, {reads} zipfian reads per run, {reps} interleaved runs"),
             table,
         );
-        let mut rt = Table::new(["paired ratio (per run)", "median", "min", "max", "runs"]);
+        let mut rt = Table::new([
+            "paired ratio (per run)",
+            "median",
+            "min",
+            "max",
+            "per server CPU-s: median",
+            "min",
+            "max",
+            "runs",
+        ]);
         for (a, b) in [
             (Config::Hps, Config::Thp),
+            (Config::Thp, Config::ThpAgain),
             (Config::Thp, Config::Default),
             (Config::Hps, Config::Default),
             (Config::Default, Config::Memcached),
             (Config::MemcachedHps, Config::MemcachedL),
             (Config::MemcachedL, Config::Memcached),
         ] {
-            if let Some(sm) = paired_all(a, b) {
+            if let (Some(core), Some(wall)) = (paired_all(&per_core, a, b), paired_all(&tput, a, b)) {
                 rt.row([
                     format!("{} / {}", a.name(), b.name()),
-                    format!("{:.3}", sm.median),
-                    format!("{:.3}", sm.min),
-                    format!("{:.3}", sm.max),
-                    sm.n.to_string(),
+                    format!("{:.3}", wall.median),
+                    format!("{:.3}", wall.min),
+                    format!("{:.3}", wall.max),
+                    format!("{:.3}", core.median),
+                    format!("{:.3}", core.min),
+                    format!("{:.3}", core.max),
+                    core.n.to_string(),
                 ]);
             }
         }
@@ -515,7 +559,7 @@ impl Experiment for HpsKvcache {
             "drifting hot set on kvcache HPS (200,000 records; hot set = 1 record in 64, shifted each phase)",
             dt,
         );
-        let mut tp_plot = Plot::new("throughput per run", "run", "kops/s");
+        let mut tp_plot = Plot::new("throughput per run", "run", "kgets/s");
         let mut mem_plot = Plot::new("server memory over time", "s", "MiB");
         for (i, &c) in configs.iter().enumerate() {
             tp_plot.series(c.name(), tput[i].iter().enumerate().map(|(k, &v)| ((k + 1) as f64, v / 1e3)).collect());
@@ -526,7 +570,7 @@ impl Experiment for HpsKvcache {
         report.data = json!({
             "records": records, "reads": reads, "reps": reps, "value_bytes": VALUE, "memory_limit_mb": MEM_MB,
             "configs": configs.iter().map(|c| c.name()).collect::<Vec<_>>(),
-            "throughput_ops_s": tput, "memory_bytes": mem, "memory_before_load_bytes": base_mem,
+            "throughput_ops_s": tput, "gets_per_server_cpu_s": per_core, "server_cpu_steal_share": steal, "memory_bytes": mem, "memory_before_load_bytes": base_mem,
             "thp_largepages_memory_bytes": thp_l_mem,
             "memory_series_mib": mem_series, "hps_warmup_runs": hps_warm_runs,
             "hps_warmup": warm.iter().map(|(c, secs, conv)| json!({"server": c.name(), "seconds": secs, "converged": conv})).collect::<Vec<_>>(),
@@ -537,13 +581,19 @@ impl Experiment for HpsKvcache {
             report.note("memcached is not installed (`make deps` installs it): the peer rows and kvcache_vs_memcached are missing.");
         }
         report.note(format!(
-            "Throughput ratios are medians of per-run paired ratios; memory is the median over runs of the value after each run \
+            "Throughput ratios are medians of per-run paired ratios of gets per wall-clock second; `kvcache THP / kvcache \
+             THP (again)` pairs two identical servers and shows how far a paired ratio strays by chance. The `_per_server_cpu_s` \
+             keys divide by the server process's own CPU time instead (its per-process CPU clock, all threads, without time \
+             the hypervisor stole: median steal on the server's CPU {:.0}%, up to {:.0}% in a run); they move with how \
+             requests batch, so they are a second opinion, not a cleaner one. Memory is the median over runs of the value after each run \
              (kvcache: its `memory_bytes` stat, memcached: VmRSS). HPS was warmed until its tracking stopped (kvcache: its \
              `tracking` stat; memcached under `pagewise hps run`: the state its tracker publishes), at most {} s each: {} — \
              the paper too measured HPS after its promotions. Runs alternate A…Z, Z…A. {} \
              Memory increase over kvcache Default: THP -L (the whole cache on hugepages from the start, the paper's THP point: \
              +96.2% there) {:.1} MiB, THP (MADV_HUGEPAGE on the slab area, filled densely in order) {:.1} MiB, HPS {:.1} MiB; \
              `hps_vs_thp_rss_increase` is HPS's over THP -L's, `hps_vs_thp_madvise_rss_increase` over THP's.",
+            median(&all_steal) * 100.0,
+            all_steal.iter().copied().fold(0.0, f64::max) * 100.0,
             warm_limit.as_secs(),
             warm.iter()
                 .map(|(c, secs, conv)| format!(
