@@ -255,10 +255,12 @@ static INITIALISED: AtomicBool = AtomicBool::new(false);
 /// page gets EFAULT) — which the SIGBUS mode cannot serve anyway — so an unprivileged program
 /// still gets the userfaultfd path; PROT_NONE + SIGSEGV remains for kernels or sandboxes
 /// (e.g. container seccomp profiles) where userfaultfd cannot be opened at all.
-fn open_uffd(mode: FaultMode, shmem: bool) -> Result<(Uffd, bool), pagewise_kernel::Error> {
+/// `kernel_features`: what the kernel's userfaultfd offers (queried once by the caller).
+fn open_uffd(mode: FaultMode, shmem: bool, kernel_features: u64) -> Result<(Uffd, bool), pagewise_kernel::Error> {
     let builder = |user_mode_only: bool| {
-        let mut b =
-            UffdBuilder::new().require(feature::PAGEFAULT_FLAG_WP).want(feature::MOVE).user_mode_only(user_mode_only);
+        let mut b = UffdBuilder::new()
+            .require(feature::PAGEFAULT_FLAG_WP | (feature::MOVE & kernel_features))
+            .user_mode_only(user_mode_only);
         if shmem {
             b = b.require(feature::MISSING_SHMEM | feature::MINOR_SHMEM | feature::WP_HUGETLBFS_SHMEM);
         }
@@ -294,14 +296,15 @@ impl Dlm {
         // Areas are anonymous memory with a shadow when the kernel has UFFDIO_MOVE (armed
         // units wait in the shadow). They are memfd-backed — shmem userfaultfd (MISSING, MINOR
         // and WP on shmem) — for zero-copy, and for reference sampling without UFFDIO_MOVE.
-        let has_move = pagewise_kernel::uffd::api_info().is_ok_and(|i| i.features & feature::MOVE != 0);
+        let kernel_features = pagewise_kernel::uffd::api_info().map_or(0, |i| i.features);
+        let has_move = kernel_features & feature::MOVE != 0;
         let open = |m: FaultMode| -> Result<(Uffd, bool, bool), pagewise_kernel::Error> {
             if cfg.zero_copy || (cfg.sample_references && !has_move) {
-                if let Ok((u, umo)) = open_uffd(m, true) {
+                if let Ok((u, umo)) = open_uffd(m, true, kernel_features) {
                     return Ok((u, umo, true));
                 }
             }
-            open_uffd(m, false).map(|(u, umo)| (u, umo, false))
+            open_uffd(m, false, kernel_features).map(|(u, umo)| (u, umo, false))
         };
         let (mode, uffd, user_mode_only, memfd) = match cfg.fault_mode {
             FaultMode::Sigsegv => (FaultMode::Sigsegv, None, false, false),
