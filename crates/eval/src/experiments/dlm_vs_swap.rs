@@ -705,7 +705,7 @@ impl Experiment for DlmVsSwap {
              added. So the arrays get the same memory in both. The swap group's memory.stat is read every {} ms during \
              a swap run: that flushes the kernel's per-CPU statistics, which reclaim otherwise sees up to 2 s old and \
              which decide whether it ages the active anonymous list; with them stale, the group's reclaim found an \
-             empty inactive list, freed nothing 16 times in a row and OOM-killed the program with swap free (module \
+             empty inactive list, freed nothing in 18 rounds in a row and OOM-killed the program with swap free (module \
              doc). Swappiness and page-cluster are the kernel's defaults. The swap file lives on the results' \
              filesystem ({}); '>' marks runs stopped at the {} s budget (counted as the budget); 'OOM-killed' runs were \
              killed by the swap group's OOM killer all the same and are left out of the median (no finished run: no \
