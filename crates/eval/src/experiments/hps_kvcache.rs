@@ -14,10 +14,11 @@
 //! Throughput is gets per second of the server process's own CPU time (its per-process CPU
 //! clock, which leaves out time the hypervisor stole), and per wall-clock second as the `_wall`
 //! keys. A second THP server, identical to the first, shows how far a paired ratio strays by
-//! chance: in two quiet quick runs THP / THP again was 1.031 and 1.011 per CPU-second but 1.098
-//! and 0.903 per wall-clock second, because wall-clock throughput also follows how fast the
+//! chance. In three quick runs THP / THP again was 1.031, 1.011 and 0.899 per CPU-second
+//! (per-run spreads 0.94–1.16, 0.91–1.17, 0.81–1.06) and 1.098, 0.903 and 0.840 per wall-clock
+//! second (0.87–2.58, 0.83–1.50, 0.71–0.99): wall-clock throughput also follows how fast the
 //! host runs the load generator's core from one second to the next. So the CPU-second ratios
-//! are the headline, and every ratio comes with its spread.
+//! are the headline, every ratio comes with its spread, and a quick run resolves about ±10%.
 //!
 //! Memory: for kvcache the server's own `memory_bytes` (RSS, with the HPS tracked
 //! arena counted by its memfd's blocks: RSS misses pages whose mappings the tracker dropped);
