@@ -617,7 +617,7 @@ impl Experiment for HpsKvcache {
             match place {
                 Some(p) => format!(
                     "Load generator: {CONNS} connections × {DEPTH} pipelined gets on CPU {}; every server on CPU {} with one \
-                     worker thread (server-bound: its core is saturated).",
+                     worker thread.",
                     p.client, p.server
                 ),
                 None => format!("Load generator: {CONNS} connections × {DEPTH} pipelined gets on the server's one CPU."),
