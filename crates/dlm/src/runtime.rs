@@ -57,14 +57,24 @@
 //!
 //! # Installing pages
 //! Default: anonymous areas. With UFFDIO_MOVE each has a *shadow*, a private mapping of the
-//! same size the program never sees: a READ of a wholly missing unit of 128 KiB or more is
-//! received straight into frames kept from evicted units — the unit's own, still at its place,
-//! else a kept run as large as the unit wherever it lies (*borrowed*), else frames gathered into
-//! the unit's place while the request travels (fresh pages only for what is missing) — and
-//! moved from there into the program's view; evicted units' pages are moved back into the shadow
-//! and kept (`runtime/frames.rs`, which also says why a clean unit is moved in only while the
-//! program has one thread). Smaller units, and kernels without UFFDIO_MOVE: UFFDIO_COPY from
-//! the reply buffer (atomic per page, mode WP).
+//! same size the program never sees, where evicted units' pages are moved and kept as frames
+//! (`runtime/frames.rs`, which also says why a clean unit is moved in only while the program
+//! has one thread). Where a READ of a wholly missing unit is received (`Inner::reply_target`):
+//! - a demand fault served on the faulting thread (SIGBUS) of a program with one thread: into
+//!   the program's view itself. While the request travels, frames are moved to the unit's
+//!   place there (its own, else any kept, else fresh pages); the reply is received into them
+//!   and write-protected. The program cannot see the place before that: its one thread is the
+//!   one in the handler, with every signal blocked. After the reply only the write-protect is
+//!   left, where the other ways also move or copy every page.
+//! - else, units of 128 KiB or more: into frames in the shadow — the unit's own, still at its
+//!   place, else a kept run as large as the unit wherever it lies (*borrowed*), else frames
+//!   gathered into the unit's place while the request travels — and moved from there into the
+//!   program's view.
+//! - smaller units, and kernels without UFFDIO_MOVE: into the buffer, then UFFDIO_COPY (atomic
+//!   per page, mode WP).
+//!
+//! While the reply is awaited, the pages it will land in are read into the cache (`warm` in
+//! `runtime/remote.rs`), so the copy out of the socket does not wait on memory.
 //! Zero-copy (`Config::zero_copy`): the area is a memfd mapped twice, the program's view
 //! registered MISSING + MINOR + WP and an alias the runtime reads and writes through; a READ
 //! of a wholly missing unit populates the unit's page-cache pages through the alias while the
@@ -94,10 +104,11 @@ mod remote;
 
 use frames::Frames;
 
-/// Smallest unit received into the shadow and moved in. Below it one UFFDIO_COPY costs less
-/// than gathering frames, reading the thread count, a move and a write-protect: `pagewise eval
-/// dlm-fault` measured moving at 1.15× copying for 64 KiB units, 0.69× for 256 KiB and 0.64×
-/// for 1 MiB (server on the other core).
+/// Smallest unit received into the shadow and moved in after its reply (a read-ahead unit, or
+/// any unit of a program with more threads or under the handler thread). Below it one
+/// UFFDIO_COPY costs less than gathering frames, reading the thread count, a move and a
+/// write-protect: `pagewise eval dlm-fault` measured moving at 1.15× copying for 64 KiB units,
+/// 0.69× for 256 KiB and 0.64× for 1 MiB (server on the other core).
 const MOVE_MIN: usize = 128 << 10;
 
 use crate::clock::Clock;
@@ -146,6 +157,8 @@ pub struct Stats {
     /// Of those, units received into kept frames where those lay (another unit's place in the
     /// shadow) rather than at their own place (`Inner::receive_target`).
     pub borrowed_receives: u64,
+    /// Of those, units received straight into the program's view (`Inner::fill_view`).
+    pub view_receives: u64,
     /// Units fetched from a home (demand and read-ahead).
     pub fetched_units: u64,
     pub fetched_bytes: u64,
@@ -241,7 +254,7 @@ pub struct Dlm {
 
 use fault::handler_thread;
 pub(crate) use fault::Served;
-use remote::{Conn, Pending};
+use remote::{Conn, Pending, ReplyInto};
 
 /// The runtime the signal handlers serve; set while a signal mode is active.
 pub(crate) static ACTIVE: AtomicPtr<Inner> = AtomicPtr::new(std::ptr::null_mut());
@@ -888,8 +901,8 @@ impl Inner {
                 kept = Some(sh);
                 Ok(())
             }
-            // Frames big enough to receive a unit into go to the shadow, to be reused.
-            (None, None, Some(sh)) if len >= MOVE_MIN && self.cfg.move_install && !place_taken => {
+            // Frames a unit will be received into go to the shadow, to be reused.
+            (None, None, Some(sh)) if self.keeps_frames(len) && !place_taken => {
                 st.frames.remove_within(sh, len, free_frames);
                 kept = Some(sh);
                 let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
@@ -909,6 +922,13 @@ impl Inner {
         if let Some(sh) = kept {
             self.keep_frames(st, sh, len);
         }
+    }
+
+    /// Whether an evicted unit of `len` bytes leaves its frames in the shadow for a later reply
+    /// to be received into (`reply_target`): always under SIGBUS (demand faults are received
+    /// into the program's view), else from `MOVE_MIN` on.
+    fn keeps_frames(&self, len: usize) -> bool {
+        self.cfg.move_install && (len >= MOVE_MIN || self.mode == FaultMode::Sigbus)
     }
 
     /// Keep the shadow frames `[addr, addr + len)` for the next fetch, or free them when the
@@ -1026,12 +1046,6 @@ impl Inner {
         }
         let a = st.areas[ai].as_mut().expect("live");
         let needs_home = (first..first + count).any(|p| a.slot[p] == NONE && a.home_written[p]);
-        // Receiving in place needs the whole unit missing: the reply then lands in its page
-        // cache (zero-copy) or its place in the shadow (moved in after) as is.
-        let zero_copy = self.zero_copy && a.alias.is_some();
-        let to_shadow = self.cfg.move_install && a.shadow.is_some() && count * b >= MOVE_MIN;
-        let in_place = missing == count && (zero_copy || to_shadow && self.sole_program_thread(st));
-        let a = st.areas[ai].as_mut().expect("live");
         for p in first..first + count {
             if a.slot[p] == NONE {
                 a.slot[p] = INFLIGHT;
@@ -1049,30 +1063,104 @@ impl Inner {
         h.region = a.regions[srv];
         h.page = spage as u64;
         h.set_count = count as u32;
-        let start = a.addr + first * b;
-        // Where the reply lands when received in place: pages to fill after the request left.
-        let target = match (in_place, a.shadow.as_ref().map(|m| m.addr() + first * b)) {
-            (false, _) => None,
-            (true, Some(place)) => self.receive_target(st, place, count * b),
-            (true, None) => Some(ReceiveAt::Fill(a.alias.as_ref().expect("zero-copy area").0.addr() + first * b)),
-        };
-        let direct = target.map(ReceiveAt::addr);
-        let sent = st.queue_read(srv, h, start, count * b);
-        st.conns[srv].pending.push_back(Pending::Read { area: ai as u32, first, count, direct, sent });
+        let (start, len) = (a.addr + first * b, count * b);
+        let sent = st.queue_read(srv, h, start, len);
+        st.conns[srv].pending.push_back(Pending::Read { area: ai as u32, first, count, into: ReplyInto::Buffer, sent });
         if !readahead {
             // A demand fault waits for this reply: it leaves now.
-            st.flush(srv, start, count * b);
+            st.flush(srv, start, len);
         }
-        if let Some(ReceiveAt::Fill(at)) = target {
-            // While the request travels, make the pages the reply is received into exist.
-            if st.areas[ai].as_ref().expect("live").shadow.is_some() {
-                self.fill_place(st, at, count * b);
-            } else if let Err(e) = madvise(at, count * b, Advice::PopulateWrite) {
-                crate::fatal(format_args!("pagewise dlm: allocating {start:#x}+{:#x} failed: {e}", count * b));
-            }
+        // While the request travels: where its reply is received, and the pages it is
+        // received into made to exist.
+        let into = self.reply_target(st, ai, first, count, missing, readahead);
+        if let Some(Pending::Read { into: at, .. }) = st.conns[srv].pending.back_mut() {
+            *at = into;
         }
         if readahead {
             st.stats.readahead_units += 1;
+        }
+    }
+
+    /// Where the reply for unit `[first, first + count)` of area `ai` (`missing` of its pages
+    /// not resident), requested just now, is received, with the pages it is received into made
+    /// to exist. In place needs the whole unit missing: the reply then lands as is
+    /// - in the program's view (`ReplyInto::View`): a demand fault on the faulting thread
+    ///   (SIGBUS) of a program with no other thread, which cannot run before the reply is
+    ///   installed. Only the write-protect is left for after the reply. Not for read-ahead:
+    ///   the program runs on before that reply arrives;
+    /// - in the memfd's page cache through the alias (zero-copy), mapped with UFFDIO_CONTINUE;
+    /// - in the shadow (units of `MOVE_MIN` and more, program with one thread), moved in.
+    ///
+    /// Else in the runtime's buffer, copied in (UFFDIO_COPY).
+    fn reply_target(
+        &self,
+        st: &mut State,
+        ai: usize,
+        first: usize,
+        count: usize,
+        missing: usize,
+        readahead: bool,
+    ) -> ReplyInto {
+        let b = self.cfg.base_page;
+        let a = st.areas[ai].as_ref().expect("live");
+        let (start, len) = (a.addr + first * b, count * b);
+        let place = a.shadow.as_ref().filter(|_| self.cfg.move_install).map(|m| m.addr() + first * b);
+        if missing != count {
+            return ReplyInto::Buffer;
+        }
+        if let Some((alias, _)) = a.alias.as_ref().filter(|_| self.zero_copy) {
+            let at = alias.addr() + first * b;
+            if let Err(e) = madvise(at, len, Advice::PopulateWrite) {
+                crate::fatal(format_args!("pagewise dlm: allocating {start:#x}+{len:#x} failed: {e}"));
+            }
+            return ReplyInto::Runtime(at);
+        }
+        let Some(place) = place else { return ReplyInto::Buffer };
+        let to_view = !readahead && self.mode == FaultMode::Sigbus;
+        if !(to_view || len >= MOVE_MIN) || !self.sole_program_thread(st) {
+            return ReplyInto::Buffer;
+        }
+        if to_view {
+            self.fill_view(st, place, start, len);
+            return ReplyInto::View;
+        }
+        match self.receive_target(st, place, len) {
+            Some(ReceiveAt::Ready(at)) => ReplyInto::Runtime(at),
+            Some(ReceiveAt::Fill(at)) => {
+                self.fill_place(st, at, len);
+                ReplyInto::Runtime(at)
+            }
+            None => ReplyInto::Buffer,
+        }
+    }
+
+    /// Put pages at `[view, view + len)`, a wholly missing unit of the program's view whose
+    /// reply is to be received there (`ReplyInto::View`): its own kept frames from its `place`
+    /// in the shadow, else kept runs from anywhere, else fresh pages. All moved or copied in
+    /// writable and without waking anyone; `install` write-protects them once the data is in.
+    fn fill_view(&self, st: &mut State, place: usize, view: usize, len: usize) {
+        st.stats.view_receives += 1;
+        let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
+        let move_in = |dst: usize, src: usize, n: usize| {
+            if let Err(err) = uffd.move_pages(dst, src, n, false, false) {
+                crate::fatal(format_args!("pagewise dlm: moving frames {src:#x}+{n:#x} to {dst:#x} failed: {err}"));
+            }
+        };
+        if !overlaps(&st.borrowed, place, len) && st.frames.take_in_place(place, len) {
+            move_in(view, place, len);
+            return;
+        }
+        let mut off = 0;
+        while off < len {
+            let Some((src, n)) = st.frames.pop(len - off) else { break };
+            move_in(view + off, src, n);
+            off += n;
+        }
+        if off < len {
+            // SAFETY: `zeros` is a block long, at least as long as any unit.
+            if let Err(err) = unsafe { uffd.copy(view + off, st.zeros.as_ptr(), len - off, false, false) } {
+                crate::fatal(format_args!("pagewise dlm: allocating {:#x}+{:#x} failed: {err}", view + off, len - off));
+            }
         }
     }
 
@@ -1093,11 +1181,15 @@ impl Inner {
             let off = (run_start - first) * b;
             let src = match data {
                 Fill::Data(d) => d[off..off + n * b].as_ptr(),
-                Fill::Zeros | Fill::InPlace(_) => st.zeros.as_ptr(),
+                Fill::Zeros | Fill::InPlace(_) | Fill::InView => st.zeros.as_ptr(),
             };
             let a = st.areas[ai].as_ref().expect("live");
             let dst = a.addr + run_start * b;
             let r = match (&self.uffd, &a.staging) {
+                // Received into the program's view itself (`ReplyInto::View`): write-protect.
+                // Protecting never wakes (fs/userfaultfd.c), nor has it anyone to wake: the
+                // program's one thread is the one serving this fault.
+                (Some(u), _) if matches!(data, Fill::InView) => u.write_protect(dst, n * b, true, true),
                 // The data is in the shadow (the unit's place or borrowed frames): move it in.
                 (Some(_), _) if a.shadow.is_some() && matches!(data, Fill::InPlace(_)) => {
                     let Fill::InPlace(at) = data else { unreachable!("matched above") };
@@ -1174,14 +1266,6 @@ enum ReceiveAt {
     Fill(usize),
 }
 
-impl ReceiveAt {
-    fn addr(self) -> usize {
-        match self {
-            ReceiveAt::Ready(a) | ReceiveAt::Fill(a) => a,
-        }
-    }
-}
-
 /// Whether `[addr, addr + len)` overlaps any of `ranges`.
 fn overlaps(ranges: &[(usize, usize)], addr: usize, len: usize) -> bool {
     ranges.iter().any(|&(a, l)| a < addr + len && addr < a + l)
@@ -1250,6 +1334,8 @@ enum Fill<'a> {
     /// Received where it is to be mapped from: at this address of the shadow (moved in), or of
     /// the alias (already in the memfd's page cache, zero-copy).
     InPlace(usize),
+    /// Received into the program's view itself (`ReplyInto::View`).
+    InView,
 }
 
 fn write_decisions(cfg: &Config, m: &crate::measure::Measure) {

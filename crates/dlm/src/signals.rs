@@ -15,6 +15,8 @@
 use std::io;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
+use pagewise_kernel::signal::WhileHandling;
+
 use crate::runtime::{Served, ACTIVE};
 
 /// A handler we installed, with the one it replaced.
@@ -39,7 +41,10 @@ fn old_slot(sig: libc::c_int) -> &'static AtomicPtr<libc::sigaction> {
 /// another thread may be reading the previous saved action while a later `install` replaces
 /// it, so an old one is leaked (one small struct per install; a process installs a handful).
 pub fn install(sig: libc::c_int) -> io::Result<Installed> {
-    let old = pagewise_kernel::signal::swap_handler(sig, handler)
+    // All signals wait while a fault is served: a handler of the program's that touched DLM
+    // memory would otherwise fault again with the runtime's lock held by its own thread, and
+    // would see a unit whose reply is being received into its place (`ReplyInto::View`).
+    let old = pagewise_kernel::signal::swap_handler(sig, handler, WhileHandling::BlockAll)
         .map_err(|e| io::Error::from_raw_os_error(e.errno().unwrap_or(libc::EINVAL)))?;
     old_slot(sig).store(Box::into_raw(Box::new(old)), Ordering::Release);
     Ok(Installed { sig })

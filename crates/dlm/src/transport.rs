@@ -22,6 +22,13 @@ pub trait Transport: Send {
     /// Receive the next message's header (its payload must be taken with
     /// [`Transport::recv_payload`] or [`Transport::discard`] before the next header).
     fn recv_header(&mut self) -> io::Result<Header>;
+    /// Receive a reply header, doing `work` while waiting for it: `work` does a small piece
+    /// of useful work (a few µs) and returns false once it has none left. A transport that
+    /// cannot look without blocking simply receives.
+    fn recv_header_working(&mut self, work: &mut dyn FnMut() -> bool) -> io::Result<Header> {
+        let _ = work;
+        self.recv_header()
+    }
     /// Receive exactly `buf.len()` payload bytes.
     fn recv_payload(&mut self, buf: &mut [u8]) -> io::Result<()>;
     /// Skip `len` payload bytes.
@@ -43,7 +50,8 @@ pub trait Transport: Send {
 /// Receiving a header first polls the socket without blocking for up to `spin` before it
 /// sleeps: a reply that arrives within a few tens of microseconds is then taken without the
 /// wake-up of a sleeping thread, which on this VM costs about as much as the transfer itself
-/// (see dlm-fault). Between polls the thread yields, so a server sharing the core still runs.
+/// (see dlm-fault). Between polls the caller's work runs (`recv_header_working`), or the thread
+/// yields, so a server sharing the core still runs.
 pub struct TcpTransport {
     stream: TcpStream,
     peer: String,
@@ -142,13 +150,17 @@ impl Transport for TcpTransport {
     }
 
     fn recv_header(&mut self) -> io::Result<Header> {
+        self.recv_header_working(&mut || false)
+    }
+
+    fn recv_header_working(&mut self, work: &mut dyn FnMut() -> bool) -> io::Result<Header> {
         let mut b = [0u8; HEADER_LEN];
         let mut got = 0;
         if !self.spin.is_zero() {
             let start = Instant::now();
             while got < HEADER_LEN && start.elapsed() < self.spin {
                 let n = self.try_recv(&mut b[got..])?;
-                if n == 0 {
+                if n == 0 && !work() {
                     std::thread::yield_now();
                 }
                 got += n;

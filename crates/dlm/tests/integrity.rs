@@ -129,7 +129,8 @@ fn scenario(mode: FaultMode, zero_copy: bool) {
 }
 
 /// One program thread: the runtime moves received pages into the program's view (the
-/// multi-threaded scenario copies them) and write-protects clean units just after. Random reads
+/// multi-threaded scenario copies them) and write-protects clean units just after; under
+/// SIGBUS a demand fault's reply is received into the program's view itself. Random reads
 /// and writes, unit-size changes and evictions; every chunk checked at the end.
 fn scenario_single_thread(mode: FaultMode) {
     let servers: Vec<String> = std::env::var("DLM_TEST_SERVERS").unwrap().split(',').map(String::from).collect();
@@ -173,6 +174,9 @@ fn scenario_single_thread(mode: FaultMode) {
     assert_eq!(st.install, "move");
     assert!(st.moved_units > 0 && st.writebacks > 0 && st.reference_faults > 0, "{st:?}");
     assert!(st.borrowed_receives > 0, "the final sequential check receives into borrowed frames: {st:?}");
+    if mode == FaultMode::Sigbus {
+        assert!(st.view_receives > 0, "demand faults receive into the program's view: {st:?}");
+    }
     dlm.free(base as *mut u8).unwrap();
 }
 

@@ -150,16 +150,29 @@ pub fn install_handler(sig: i32, handler: ValueHandler) -> Result<()> {
     Ok(())
 }
 
+/// Which other signals wait while a handler runs ([`swap_handler`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WhileHandling {
+    /// None: another signal's handler may interrupt this one.
+    BlockNone,
+    /// Every signal that can be blocked: the handler runs to its end before any other handler
+    /// runs on its thread (they run after it returns).
+    BlockAll,
+}
+
 /// Install `handler` for `sig` (SA_SIGINFO | SA_RESTART) and return the action it replaced, so
 /// the caller can chain to it and put it back ([`set_action`]).
-pub fn swap_handler(sig: i32, handler: ValueHandler) -> Result<libc::sigaction> {
-    // SAFETY: a zeroed sigaction with a valid handler and empty mask is well formed; old is
-    // valid output storage.
+pub fn swap_handler(sig: i32, handler: ValueHandler, blocking: WhileHandling) -> Result<libc::sigaction> {
+    // SAFETY: a zeroed sigaction with a valid handler and a mask set by sigemptyset or
+    // sigfillset is well formed; old is valid output storage.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = handler as usize;
         sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-        libc::sigemptyset(&mut sa.sa_mask);
+        match blocking {
+            WhileHandling::BlockNone => libc::sigemptyset(&mut sa.sa_mask),
+            WhileHandling::BlockAll => libc::sigfillset(&mut sa.sa_mask),
+        };
         let mut old: libc::sigaction = std::mem::zeroed();
         if libc::sigaction(sig, &sa, &mut old) != 0 {
             return Err(Error::last_os("sigaction"));
@@ -299,8 +312,8 @@ mod tests {
     fn an_earlier_handler_does_not_unhook_a_later_one() {
         // A signal nothing else in the test binary uses.
         let sig = rt_signal(7).unwrap();
-        let original = swap_handler(sig, first).unwrap();
-        let first_action = swap_handler(sig, second).unwrap();
+        let original = swap_handler(sig, first, WhileHandling::BlockNone).unwrap();
+        let first_action = swap_handler(sig, second, WhileHandling::BlockAll).unwrap();
         // `first` leaves while `second` (installed over it) is current: nothing changes.
         // SAFETY: original is a valid sigaction.
         assert!(!unsafe { restore_if_current(sig, first as *const () as usize, &original) }.unwrap());
@@ -312,6 +325,39 @@ mod tests {
         set_action(sig, &original).unwrap();
         // Neither ran (the signal was never sent); reading LAST also keeps their stores alive.
         assert_eq!(LAST.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
+
+    // Where the handler of the inner signal ran: 1 inside the outer handler, 2 after it.
+    static INNER_RAN: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+    static IN_OUTER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    static INNER_SIG: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+    extern "C" fn outer(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+        use std::sync::atomic::Ordering::SeqCst;
+        IN_OUTER.store(true, SeqCst);
+        // SAFETY: raise is async-signal-safe; the inner signal has a handler.
+        unsafe { libc::raise(INNER_SIG.load(SeqCst)) };
+        IN_OUTER.store(false, SeqCst);
+    }
+    extern "C" fn inner(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+        use std::sync::atomic::Ordering::SeqCst;
+        INNER_RAN.store(if IN_OUTER.load(SeqCst) { 1 } else { 2 }, SeqCst);
+    }
+
+    #[test]
+    fn block_all_holds_other_signals_until_the_handler_returns() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (outer_sig, inner_sig) = (rt_signal(10).unwrap(), rt_signal(11).unwrap());
+        INNER_SIG.store(inner_sig, SeqCst);
+        let inner_before = swap_handler(inner_sig, inner, WhileHandling::BlockNone).unwrap();
+        for (blocking, where_inner_ran) in [(WhileHandling::BlockNone, 1), (WhileHandling::BlockAll, 2)] {
+            let outer_before = swap_handler(outer_sig, outer, blocking).unwrap();
+            INNER_RAN.store(0, SeqCst);
+            // SAFETY: the outer signal has a handler.
+            unsafe { libc::raise(outer_sig) };
+            assert_eq!(INNER_RAN.load(SeqCst), where_inner_ran, "{blocking:?}");
+            set_action(outer_sig, &outer_before).unwrap();
+        }
+        set_action(inner_sig, &inner_before).unwrap();
     }
 
     #[test]

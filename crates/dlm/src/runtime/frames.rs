@@ -5,10 +5,11 @@
 //! anonymous pages takes about 270 µs, almost all of it allocating and charging 256 pages —
 //! about as long as the 1 MiB reply takes to arrive. UFFDIO_MOVE of the same 256 pages takes
 //! about 12 µs. So areas on anonymous memory get a *shadow*: a private anonymous mapping of the
-//! same size, not visible to the program. A reply is received straight into the unit's place
-//! in the shadow and moved into the program's view; an evicted unit's pages are moved back
-//! into the shadow and kept here, to be moved under the next unit that is fetched. Pages are
-//! allocated only while the resident set grows.
+//! same size, not visible to the program. An evicted unit's pages are moved into the shadow and
+//! kept here, to be moved under the next unit that is fetched: to its place in the program's
+//! view before a demand fault's reply is received there, or to its place in the shadow, where
+//! the reply is received and then moved into the view. Pages are allocated only while the
+//! resident set grows.
 //!
 //! A moved page arrives writable (UFFDIO_MOVE has no write-protect mode), so a clean unit is
 //! write-protected right after: a thread of the program touching the unit in between would

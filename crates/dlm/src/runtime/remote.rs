@@ -10,21 +10,21 @@ use crate::transport::Transport;
 use crate::DlmError;
 
 pub(super) enum Pending {
-    /// `direct`: where the reply is received in place (the shadow or the memfd's alias),
-    /// else None (received into a buffer and copied in).
-    Read {
-        area: u32,
-        first: usize,
-        count: usize,
-        direct: Option<usize>,
-        sent: Sent,
-    },
-    Write {
-        area: u32,
-        first: usize,
-        count: usize,
-        sent: Sent,
-    },
+    Read { area: u32, first: usize, count: usize, into: ReplyInto, sent: Sent },
+    Write { area: u32, first: usize, count: usize, sent: Sent },
+}
+
+/// Where a READ's reply is received (`Inner::reply_target`).
+#[derive(Clone, Copy)]
+pub(super) enum ReplyInto {
+    /// The runtime's buffer, then copied in (UFFDIO_COPY).
+    Buffer,
+    /// This address of the runtime's own mapping (the shadow, or the memfd's alias), reserved
+    /// for the reply: the unit's place or frames borrowed for it. Mapped in from there.
+    Runtime(usize),
+    /// The unit's place in the program's view, where its pages were put while the request
+    /// travelled; write-protected once the data is in.
+    View,
 }
 
 /// What a request named, so its reply can be checked against it before any byte is used.
@@ -79,13 +79,36 @@ impl Inner {
     pub(super) fn complete_one(&self, st: &mut State, srv: usize) -> bool {
         let Some(p) = st.conns[srv].pending.pop_front() else { return false };
         let b = self.cfg.base_page;
-        let (ai, first, count, is_read, direct, sent) = match p {
-            Pending::Read { area, first, count, direct, sent } => (area as usize, first, count, true, direct, sent),
-            Pending::Write { area, first, count, sent } => (area as usize, first, count, false, None, sent),
+        let (ai, first, count, is_read, into, sent) = match p {
+            Pending::Read { area, first, count, into, sent } => (area as usize, first, count, true, into, sent),
+            Pending::Write { area, first, count, sent } => {
+                (area as usize, first, count, false, ReplyInto::Buffer, sent)
+            }
         };
         let start = st.areas[ai].as_ref().map(|a| a.addr + first * b).unwrap_or(0);
         st.flush(srv, start, count * b);
-        let h = match st.conns[srv].t.recv_header() {
+        // While the reply is awaited, its destination is read into the cache a chunk at a
+        // time (`warm`): the reply is then copied into cached lines whose translations are
+        // in the TLB. A 64 KiB reply took 19 µs to receive into cold pages and 10 µs into
+        // warmed ones; warming took 8 µs of the ~20 µs wait. A reply into the buffer needs
+        // none: the buffer stays warm.
+        let dest = match into {
+            ReplyInto::Buffer => None,
+            ReplyInto::Runtime(at) => Some(at),
+            ReplyInto::View => Some(start),
+        };
+        let mut warmed = 0;
+        let mut warm_next = || match dest {
+            Some(at) if warmed < count * b => {
+                let n = WARM_CHUNK.min(count * b - warmed);
+                // SAFETY: `reply_target` put pages at all of `[at, at + count*b)`.
+                unsafe { warm(at + warmed, n) };
+                warmed += n;
+                true
+            }
+            _ => false,
+        };
+        let h = match st.conns[srv].t.recv_header_working(&mut warm_next) {
             Ok(h) => h,
             Err(e) if e.kind() == std::io::ErrorKind::TimedOut => st.fail(
                 srv,
@@ -125,11 +148,19 @@ impl Inner {
         if !is_read {
             return true;
         }
-        if let Some(at) = direct {
-            // SAFETY: `at` is count*b bytes of the runtime's own read-write mapping (the shadow,
-            // or the memfd's alias) that `request` reserved for this reply: the unit's place or
-            // frames borrowed for it. The program cannot see these pages (not mapped in its
-            // view) and nothing else in the runtime touches them until the reply is installed.
+        let (at, fill) = match into {
+            ReplyInto::Buffer => (None, None),
+            ReplyInto::Runtime(at) => (Some(at), Some(Fill::InPlace(at))),
+            ReplyInto::View => (Some(start), Some(Fill::InView)),
+        };
+        if let (Some(at), Some(fill)) = (at, fill) {
+            // SAFETY: `at` is count*b bytes that `reply_target` reserved for this reply and put
+            // pages at, which nobody but this reply can touch until it is installed: the unit's
+            // place or borrowed frames in the runtime's own mapping (the shadow, or the memfd's
+            // alias), which the program does not see; or the unit's place in the program's
+            // view, which the program cannot reach until it is installed — its one thread is
+            // the one serving this demand fault, with all signals blocked (`signals.rs`), and
+            // it installs this reply before returning.
             let dst = unsafe { std::slice::from_raw_parts_mut(at as *mut u8, count * b) };
             if let Err(e) = st.conns[srv].t.recv_payload(dst) {
                 st.fail(srv, &format_args!("connection lost: {e}"), start, count * b);
@@ -138,7 +169,7 @@ impl Inner {
             st.stats.fetched_bytes += (count * b) as u64;
             // Installing moves the pages away from `at`: its place is free again.
             st.borrowed.retain(|&(a, _)| a != at);
-            self.install(st, ai, first, count, Fill::InPlace(at));
+            self.install(st, ai, first, count, fill);
             return true;
         }
         let mut buf = std::mem::take(&mut st.buf);
@@ -151,6 +182,23 @@ impl Inner {
         st.buf = buf;
         true
     }
+}
+
+/// Bytes [`warm`] reads between two looks at whether a reply has arrived (about 2 µs).
+const WARM_CHUNK: usize = 16 << 10;
+
+/// Read `[addr, addr + len)` into the cache, one load per cache line.
+///
+/// # Safety
+/// The range must be mapped readable with its pages present (no load may fault: this can run
+/// in the SIGBUS handler with the runtime's lock held).
+unsafe fn warm(addr: usize, len: usize) {
+    let mut sum = 0u64;
+    for off in (0..len).step_by(64) {
+        // SAFETY: inside the caller's range.
+        sum = sum.wrapping_add(unsafe { ((addr + off) as *const u64).read_volatile() });
+    }
+    std::hint::black_box(sum);
 }
 
 impl State {
