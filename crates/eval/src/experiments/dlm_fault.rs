@@ -11,8 +11,9 @@
 //! the local limit with 128 KiB units and read-ahead, next to pipelined TCP streaming from the
 //! same server, and local memcpy. Placement: client and server on different cores, and on the
 //! same core (wake-up latency dominates small round trips on this VM). The SIGBUS mode runs
-//! three times in the same interleaved order: the default (units of 128 KiB and more received
-//! into the area's shadow and moved in, UFFDIO_MOVE), `Config::zero_copy` (memfd area, reply
+//! three times in the same interleaved order: the default (a demand fault's reply received
+//! into the program's view itself, where evicted units' frames were moved while the request
+//! travelled, then write-protected), `Config::zero_copy` (memfd area, reply
 //! received into its page cache, mapped with UFFDIO_CONTINUE), and `Config::move_install`
 //! off (UFFDIO_COPY from a buffer: every page allocated and copied, as before UFFDIO_MOVE).
 
@@ -48,7 +49,7 @@ enum Way {
 /// How the runtime installs fetched pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Install {
-    /// The default: received into the shadow, moved in (UFFDIO_MOVE).
+    /// The default: received into kept frames moved into place (UFFDIO_MOVE).
     Move,
     /// `Config::zero_copy`: received into the memfd's page cache, UFFDIO_CONTINUE.
     ZeroCopy,
@@ -557,8 +558,9 @@ impl Experiment for DlmFault {
              Config::zero_copy (memfd area, reply received into its page cache, UFFDIO_CONTINUE), \
              'UFFDIO_COPY' = Config::move_install off (every page allocated and copied in from the \
              reply buffer, the install before UFFDIO_MOVE; move_vs_uffdio_copy_Nk is the default's \
-             time over it), both measured in the same run as the default (units of 128 KiB and more \
-             received into the area's shadow and moved in, reusing evicted units' frames). The machine's 2 cores \
+             time over it), both measured in the same run as the default (\
+             a demand fault's reply received into the program's view, where evicted units' frames were moved \
+             while the request travelled, then write-protected). The machine's 2 cores \
              are shared with other work: expect noise.",
         );
         Ok(report)
