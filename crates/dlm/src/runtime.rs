@@ -60,12 +60,13 @@
 //! same size the program never sees, where evicted units' pages are moved and kept as frames
 //! (`runtime/frames.rs`, which also says why a clean unit is moved in only while the program
 //! has one thread). Where a READ of a wholly missing unit is received (`Inner::reply_target`):
-//! - a demand fault served on the faulting thread (SIGBUS) of a program with one thread: into
-//!   the program's view itself. While the request travels, frames are moved to the unit's
-//!   place there (its own, else any kept, else fresh pages); the reply is received into them
-//!   and write-protected. The program cannot see the place before that: its one thread is the
-//!   one in the handler, with every signal blocked. After the reply only the write-protect is
-//!   left, where the other ways also move or copy every page.
+//! - a demand fault served on the faulting thread (SIGBUS) of a program with one thread, unit
+//!   of 16 KiB or more (`VIEW_MIN`): into the program's view itself. While the request
+//!   travels, frames are moved to the unit's place there (its own, else any kept, else fresh
+//!   pages); the reply is received into them and write-protected. The program cannot see the
+//!   place before that: its one thread is the one in the handler, with every signal blocked.
+//!   After the reply only the write-protect is left, where the other ways also move or copy
+//!   every page.
 //! - else, units of 128 KiB or more: into frames in the shadow — the unit's own, still at its
 //!   place, else a kept run as large as the unit wherever it lies (*borrowed*), else frames
 //!   gathered into the unit's place while the request travels — and moved from there into the
@@ -75,6 +76,7 @@
 //!
 //! While the reply is awaited, the pages it will land in are read into the cache (`warm` in
 //! `runtime/remote.rs`), so the copy out of the socket does not wait on memory.
+//!
 //! Zero-copy (`Config::zero_copy`): the area is a memfd mapped twice, the program's view
 //! registered MISSING + MINOR + WP and an alias the runtime reads and writes through; a READ
 //! of a wholly missing unit populates the unit's page-cache pages through the alias while the
@@ -110,6 +112,13 @@ use frames::Frames;
 /// write-protect: `pagewise eval dlm-fault` measured moving at 1.15× copying for 64 KiB units,
 /// 0.69× for 256 KiB and 0.64× for 1 MiB (server on the other core).
 const MOVE_MIN: usize = 128 << 10;
+
+/// Smallest unit whose demand fault's reply is received into the program's view. For a
+/// 4 KiB unit the move before and the write-protect after cost more than one UFFDIO_COPY
+/// (medians of four interleaved runs of `examples/dlm_remote_fault`, server on the other core:
+/// 4 KiB 25.3 µs against 21.6; 16 KiB 28.1 against 30.4, and 1.006× over 8 more pairs: even).
+/// From 64 KiB on it wins clearly (0.78× at 64 KiB, 0.95× at 1 MiB).
+const VIEW_MIN: usize = 16 << 10;
 
 use crate::clock::Clock;
 use crate::config::{Config, FaultMode};
@@ -925,10 +934,10 @@ impl Inner {
     }
 
     /// Whether an evicted unit of `len` bytes leaves its frames in the shadow for a later reply
-    /// to be received into (`reply_target`): always under SIGBUS (demand faults are received
-    /// into the program's view), else from `MOVE_MIN` on.
+    /// to be received into (`reply_target`): under SIGBUS from `VIEW_MIN` on (demand faults are
+    /// received into the program's view), else from `MOVE_MIN` on.
     fn keeps_frames(&self, len: usize) -> bool {
-        self.cfg.move_install && (len >= MOVE_MIN || self.mode == FaultMode::Sigbus)
+        self.cfg.move_install && (len >= MOVE_MIN || self.mode == FaultMode::Sigbus && len >= VIEW_MIN)
     }
 
     /// Keep the shadow frames `[addr, addr + len)` for the next fetch, or free them when the
@@ -1086,8 +1095,8 @@ impl Inner {
     /// to exist. In place needs the whole unit missing: the reply then lands as is
     /// - in the program's view (`ReplyInto::View`): a demand fault on the faulting thread
     ///   (SIGBUS) of a program with no other thread, which cannot run before the reply is
-    ///   installed. Only the write-protect is left for after the reply. Not for read-ahead:
-    ///   the program runs on before that reply arrives;
+    ///   installed; units of `VIEW_MIN` and more. Only the write-protect is left for after
+    ///   the reply. Not for read-ahead: the program runs on before that reply arrives;
     /// - in the memfd's page cache through the alias (zero-copy), mapped with UFFDIO_CONTINUE;
     /// - in the shadow (units of `MOVE_MIN` and more, program with one thread), moved in.
     ///
@@ -1116,7 +1125,7 @@ impl Inner {
             return ReplyInto::Runtime(at);
         }
         let Some(place) = place else { return ReplyInto::Buffer };
-        let to_view = !readahead && self.mode == FaultMode::Sigbus;
+        let to_view = !readahead && self.mode == FaultMode::Sigbus && len >= VIEW_MIN;
         if !(to_view || len >= MOVE_MIN) || !self.sole_program_thread(st) {
             return ReplyInto::Buffer;
         }
