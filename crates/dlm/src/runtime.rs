@@ -1074,17 +1074,15 @@ impl Inner {
         h.set_count = count as u32;
         let (start, len) = (a.addr + first * b, count * b);
         let sent = st.queue_read(srv, h, start, len);
-        st.conns[srv].pending.push_back(Pending::Read { area: ai as u32, first, count, into: ReplyInto::Buffer, sent });
         if !readahead {
             // A demand fault waits for this reply: it leaves now.
             st.flush(srv, start, len);
         }
         // While the request travels: where its reply is received, and the pages it is
-        // received into made to exist.
+        // received into made to exist. Nothing in between takes a reply, so the entry still
+        // joins the queue in the order the request left.
         let into = self.reply_target(st, ai, first, count, missing, readahead);
-        if let Some(Pending::Read { into: at, .. }) = st.conns[srv].pending.back_mut() {
-            *at = into;
-        }
+        st.conns[srv].pending.push_back(Pending::Read { area: ai as u32, first, count, into, sent });
         if readahead {
             st.stats.readahead_units += 1;
         }
@@ -1110,13 +1108,12 @@ impl Inner {
         missing: usize,
         readahead: bool,
     ) -> ReplyInto {
-        let b = self.cfg.base_page;
-        let a = st.areas[ai].as_ref().expect("live");
-        let (start, len) = (a.addr + first * b, count * b);
-        let place = a.shadow.as_ref().filter(|_| self.cfg.move_install).map(|m| m.addr() + first * b);
         if missing != count {
             return ReplyInto::Buffer;
         }
+        let b = self.cfg.base_page;
+        let a = st.areas[ai].as_ref().expect("live");
+        let (start, len) = (a.addr + first * b, count * b);
         if let Some((alias, _)) = a.alias.as_ref().filter(|_| self.zero_copy) {
             let at = alias.addr() + first * b;
             if let Err(e) = madvise(at, len, Advice::PopulateWrite) {
@@ -1124,7 +1121,9 @@ impl Inner {
             }
             return ReplyInto::Runtime(at);
         }
-        let Some(place) = place else { return ReplyInto::Buffer };
+        let Some(place) = a.shadow.as_ref().filter(|_| self.cfg.move_install).map(|m| m.addr() + first * b) else {
+            return ReplyInto::Buffer;
+        };
         let to_view = !readahead && self.mode == FaultMode::Sigbus && len >= VIEW_MIN;
         if !(to_view || len >= MOVE_MIN) || !self.sole_program_thread(st) {
             return ReplyInto::Buffer;

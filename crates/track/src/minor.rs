@@ -18,6 +18,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use pagewise_kernel::mem::{self, Advice};
+use pagewise_kernel::signal::WhileHandling;
 use pagewise_kernel::uffd::{self, feature, Event, RegisterMode, Uffd, UffdBuilder};
 
 use crate::plan::{self, PlanConfig, RegionMode};
@@ -265,11 +266,7 @@ impl MinorTracker {
         };
         if delivery == Delivery::Sigbus {
             SIGBUS_FD.store(uffd.as_raw_fd(), Ordering::Release);
-            match pagewise_kernel::signal::swap_handler(
-                libc::SIGBUS,
-                on_sigbus,
-                pagewise_kernel::signal::WhileHandling::BlockNone,
-            ) {
+            match pagewise_kernel::signal::swap_handler(libc::SIGBUS, on_sigbus, WhileHandling::BlockNone) {
                 Ok(prev) => {
                     let old = PREV_BUS.swap(Box::into_raw(Box::new(prev)), Ordering::AcqRel);
                     // The previous saved action is not freed: a handler running on another
@@ -552,12 +549,7 @@ mod tests {
     #[test]
     fn a_sigbus_that_is_not_ours_goes_to_the_previous_handler_and_it_is_restored() {
         let _turn = SIGBUS_TURN.lock().unwrap_or_else(|e| e.into_inner());
-        let before = pagewise_kernel::signal::swap_handler(
-            libc::SIGBUS,
-            previous,
-            pagewise_kernel::signal::WhileHandling::BlockNone,
-        )
-        .unwrap();
+        let before = pagewise_kernel::signal::swap_handler(libc::SIGBUS, previous, WhileHandling::BlockNone).unwrap();
         {
             let _t = MinorTracker::with_delivery(Delivery::Sigbus).unwrap();
             // SAFETY: raising SIGBUS synchronously on this thread; the address (null) is in
