@@ -31,6 +31,11 @@ pub trait Transport: Send {
     }
     /// Receive exactly `buf.len()` payload bytes.
     fn recv_payload(&mut self, buf: &mut [u8]) -> io::Result<()>;
+    /// Bytes that have arrived and can be received without waiting; 0 where the transport
+    /// cannot tell (then nothing is taken early).
+    fn arrived(&self) -> usize {
+        0
+    }
     /// Skip `len` payload bytes.
     fn discard(&mut self, mut len: usize) -> io::Result<()> {
         let mut sink = [0u8; 4096];
@@ -172,6 +177,10 @@ impl Transport for TcpTransport {
 
     fn recv_payload(&mut self, buf: &mut [u8]) -> io::Result<()> {
         self.stream.read_exact(buf).map_err(timed_out)
+    }
+
+    fn arrived(&self) -> usize {
+        pagewise_kernel::net::bytes_readable(self.stream.as_raw_fd()).unwrap_or(0)
     }
 
     fn peer(&self) -> String {

@@ -166,12 +166,20 @@ fn scenario_single_thread(mode: FaultMode) {
         }
         dlm.audit().unwrap();
     }
+    // The final check streams through the area. A few pauses on the way let read-ahead
+    // replies arrive whole before the next fault, which then installs them ahead of the
+    // program (`arrived_installs`); the check proves their bytes.
+    let unit = 8 * (16 << 10) / CHUNK;
     for (c, &v) in versions.iter().enumerate() {
+        if c % (chunks / 8) == unit * 4 {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
         check(base, c, v);
     }
     let st = dlm.stats();
     eprintln!("stats: {}", serde_json::to_string(&st).unwrap());
     assert_eq!(st.install, "move");
+    assert!(st.arrived_installs > 0, "replies that arrived whole are installed ahead: {st:?}");
     assert!(st.moved_units > 0 && st.writebacks > 0 && st.reference_faults > 0, "{st:?}");
     assert!(st.borrowed_receives > 0, "the final sequential check receives into borrowed frames: {st:?}");
     if mode == FaultMode::Sigbus {

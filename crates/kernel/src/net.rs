@@ -48,6 +48,17 @@ pub fn recv_nonblocking(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     }
 }
 
+/// Bytes that can be received from socket `fd` right now without blocking (ioctl FIONREAD,
+/// tcp(7) SIOCINQ). Allocation-free, also on errors.
+pub fn bytes_readable(fd: RawFd) -> Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int to the pointer given.
+    if unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) } != 0 {
+        return Err(Error::last_os("ioctl(FIONREAD)"));
+    }
+    Ok(n.max(0) as usize)
+}
+
 fn setsockopt_int(fd: RawFd, level: i32, name: i32, value: i32, call: &'static str) -> Result<()> {
     // SAFETY: value is a valid int for the option's length.
     let rc = unsafe {
@@ -136,9 +147,12 @@ mod tests {
         let mut buf = [0u8; 8];
         assert!(!poll(a.as_raw_fd(), Duration::from_millis(10)).unwrap());
         assert_eq!(recv_nonblocking(a.as_raw_fd(), &mut buf).unwrap(), 0);
+        assert_eq!(bytes_readable(a.as_raw_fd()).unwrap(), 0);
         b.write_all(b"hey").unwrap();
         assert!(poll(a.as_raw_fd(), Duration::from_secs(5)).unwrap());
+        assert_eq!(bytes_readable(a.as_raw_fd()).unwrap(), 3);
         assert_eq!(recv_nonblocking(a.as_raw_fd(), &mut buf).unwrap(), 3);
+        assert_eq!(bytes_readable(a.as_raw_fd()).unwrap(), 0);
         assert_eq!(&buf[..3], b"hey");
         drop(b);
         let e = recv_nonblocking(a.as_raw_fd(), &mut buf).unwrap_err();
@@ -155,6 +169,7 @@ mod tests {
         let e = set_recv_timeout(-1, None).unwrap_err();
         assert_eq!(e.errno(), Some(libc::EBADF));
         assert!(e.to_string().contains("SO_RCVTIMEO"));
+        assert!(bytes_readable(-1).unwrap_err().to_string().contains("FIONREAD"));
         assert!(kill(0, 0).is_err());
     }
 }

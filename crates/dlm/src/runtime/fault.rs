@@ -141,12 +141,23 @@ impl Inner {
                 st.flush(s, a_addr + first * b, count * b);
             }
         }
-        // Install everything queued up to and including the faulting page.
+        // Install everything queued up to and including the faulting page, then whatever has
+        // arrived whole behind it: a stream's read-ahead running ahead of the program. Those
+        // units then need no fault of their own, and adjacent ones are moved in together.
         let (srv, _) = layout.home(page);
+        st.move_ins.gather();
         while st.areas[ai].as_ref().expect("present").slot[page] == INFLIGHT {
             if !self.complete_one(st, srv) {
                 crate::fatal(format_args!("pagewise dlm: internal error: page {page} in flight but nothing pending"));
             }
+        }
+        let taken = self.complete_arrived(st, srv);
+        self.move_in_gathered(st);
+        if let Some((area, end)) = taken.filter(|&(area, _)| area == ai) {
+            // The program's next fault in the stream lands after the units taken: it still
+            // continues the stream (read-ahead detection, above).
+            let a = st.areas[area].as_mut().expect("present");
+            a.last_end = a.last_end.max(end);
         }
         if write {
             // Known write: open the unit now instead of taking a second (WP) fault.

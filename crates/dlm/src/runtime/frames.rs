@@ -38,11 +38,12 @@ impl Frames {
     }
 
     /// Keep `[addr, addr + len)`; false when there is no room for another run (the caller
-    /// frees the pages instead).
+    /// frees the pages instead). Joins the newest run when adjacent to it on either side (a
+    /// stream's units are evicted in address order, rising or falling).
     pub(super) fn push(&mut self, addr: usize, len: usize) -> bool {
         if let Some(last) = self.runs.last_mut() {
-            if last.0 + last.1 == addr {
-                last.1 += len;
+            if last.0 + last.1 == addr || addr + len == last.0 {
+                *last = (last.0.min(addr), last.1 + len);
                 self.bytes += len;
                 return true;
             }
@@ -66,6 +67,21 @@ impl Frames {
         }
         self.bytes -= take;
         Some(piece)
+    }
+
+    /// Take exactly `len` bytes from the start of the newest run, if it has that many.
+    /// Successive takes hand out a run in rising address order, so units fetched one after
+    /// the other get adjacent frames in their order and can be moved in together
+    /// (`Inner::receive_target`).
+    pub(super) fn take_head(&mut self, len: usize) -> Option<usize> {
+        let last = self.runs.last_mut().filter(|r| r.1 >= len)?;
+        let addr = last.0;
+        *last = (addr + len, last.1 - len);
+        if last.1 == 0 {
+            self.runs.pop();
+        }
+        self.bytes -= len;
+        Some(addr)
     }
 
     /// Remove `[addr, addr + len)` if it lies inside one kept run: its frames are already
@@ -151,6 +167,19 @@ mod tests {
     }
 
     #[test]
+    fn runs_join_on_either_side_and_are_taken_from_their_start() {
+        let mut f = Frames::with_capacity(1);
+        assert!(f.push(0x3000, 0x1000));
+        assert!(f.push(0x2000, 0x1000), "below the newest run");
+        assert!(f.push(0x4000, 0x1000), "above it");
+        assert_eq!(f.take_head(0x1000), Some(0x2000));
+        assert_eq!(f.take_head(0x1000), Some(0x3000));
+        assert_eq!(f.take_head(0x2000), None, "only 0x1000 left");
+        assert_eq!(f.take_head(0x1000), Some(0x4000));
+        assert_eq!(f.bytes(), 0);
+    }
+
+    #[test]
     fn full_stack_refuses() {
         let mut f = Frames::with_capacity(1);
         assert!(f.push(0x1000, 0x1000));
@@ -178,7 +207,7 @@ mod tests {
         /// Whatever the operations: kept runs never overlap, `bytes` is their sum, and every
         /// byte removed was kept (nothing kept is lost or handed out twice).
         #[test]
-        fn kept_bytes_are_accounted_for(ops in proptest::collection::vec((0u8..4, 0usize..64, 1usize..16), 1..100)) {
+        fn kept_bytes_are_accounted_for(ops in proptest::collection::vec((0u8..5, 0usize..64, 1usize..16), 1..100)) {
             const P: usize = 4096;
             let mut f = Frames::with_capacity(6);
             let mut kept = std::collections::BTreeSet::new();
@@ -194,6 +223,9 @@ mod tests {
                     },
                     2 => if f.take_in_place(a, l) {
                         for p in page..page + pages { prop_assert!(kept.remove(&p)); }
+                    },
+                    3 => if let Some(a) = f.take_head(l) {
+                        for p in a / P..(a + l) / P { prop_assert!(kept.remove(&p)); }
                     },
                     _ => f.remove_within(a, l, |a, l| for p in a / P..(a + l) / P { assert!(kept.remove(&p)); }),
                 }
