@@ -927,7 +927,7 @@ impl Inner {
             (None, None, Some(sh)) if self.keeps_frames(len) && !place_taken => {
                 st.frames.remove_within(sh, len, free_frames);
                 kept = Some(sh);
-                run.to_shadow_later(start, sh, len);
+                run.move_to_shadow_later(start, sh, len);
                 Ok(())
             }
             (None, None, _) => {
@@ -1295,7 +1295,7 @@ impl Inner {
                 return false;
             }
             frames.remove_within(sh, len, free_frames);
-            run.to_shadow_later(start, sh, len);
+            run.move_to_shadow_later(start, sh, len);
             return true;
         }
         arm_mapped(a, start, len, run)
@@ -1375,7 +1375,7 @@ impl<'u> Run<'u> {
 
     /// Move the pages of `[view, view + len)` of a program's view to `shadow`, the same
     /// offset of its area's shadow (its next touch faults; the pages wait there).
-    fn to_shadow_later(&mut self, view: usize, shadow: usize, len: usize) {
+    fn move_to_shadow_later(&mut self, view: usize, shadow: usize, len: usize) {
         let (v, sh, l) = self.to_shadow;
         // The hand may meet a stream's units in either address order.
         if l > 0 && v.wrapping_sub(sh) == view.wrapping_sub(shadow) && (v + l == view || view + len == v) {
