@@ -203,6 +203,12 @@ impl Inner {
             }
             self.complete_one(st, srv);
             st.stats.arrived_installs += 1;
+            // For the tuner, the unit counts as faulted on at its start, where the stream the
+            // read-ahead follows would have touched it first: it sees the same working set
+            // whether a reply arrived before the program or after.
+            if let Some(a) = st.areas[area as usize].as_mut() {
+                crate::measure::mark(&mut a.touched, first);
+            }
             last = Some((area as usize, first + count));
         }
         last
