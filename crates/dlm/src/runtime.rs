@@ -20,8 +20,12 @@
 //!    are sent without waiting, so the stream keeps the network busy while the program works.
 //!    The window is topped up in batches — only when less than half of it is still ahead, then
 //!    all of it: room for the whole batch is made at once (adjacent victims, the stream's oldest
-//!    units, dropped with one MADV_DONTNEED) and the batch's READs leave in one `write`
-//!    (`Transport::send_headers`). A demand READ leaves at once.
+//!    units, dropped or moved to the shadow with one call: `Run`) and the batch's READs leave in
+//!    one `write` (`Transport::send_headers`). A demand READ leaves at once;
+//! 5. read-ahead replies that have arrived whole behind the faulting unit are installed too
+//!    (`complete_arrived`): the program runs into them without a fault, and adjacent ones are
+//!    moved in and write-protected together (`MoveIns`). `Run` says why batching pays: TLB
+//!    flushes.
 //!
 //! # Dirty tracking: synchronous write-protect, not WP_ASYNC
 //! Pages are installed write-protected (UFFDIO_COPY mode WP; PROT_READ in the SIGSEGV mode); the
