@@ -184,8 +184,8 @@ impl Inner {
     }
 }
 
-/// Replies [`Inner::complete_arrived`] takes at most in one go: bounds how long a fault that
-/// finds a stream's replies waiting spends on them (16 × 128 KiB: about 100 µs).
+/// Replies [`Inner::complete_arrived`] takes at most in one go: bounds the work one fault does
+/// for units ahead of the program (16 units of 128 KiB: 2 MiB to receive, a few hundred µs).
 const ARRIVED_MAX: usize = 16;
 
 impl Inner {
