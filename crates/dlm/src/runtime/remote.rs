@@ -196,11 +196,18 @@ impl Inner {
     pub(super) fn complete_arrived(&self, st: &mut State, srv: usize) -> Option<(usize, usize)> {
         let b = self.cfg.base_page;
         let mut last = None;
+        // Asked once, and again only when what was there runs out: one ioctl per batch.
+        let mut there = 0;
         for _ in 0..ARRIVED_MAX {
             let Some(&Pending::Read { area, first, count, .. }) = st.conns[srv].pending.front() else { break };
-            if !st.conns[srv].corked.is_empty() || st.conns[srv].t.arrived() < HEADER_LEN + count * b {
+            let whole = HEADER_LEN + count * b;
+            if there < whole {
+                there = st.conns[srv].t.arrived();
+            }
+            if !st.conns[srv].corked.is_empty() || there < whole {
                 break;
             }
+            there -= whole;
             self.complete_one(st, srv);
             st.stats.arrived_installs += 1;
             // For the tuner, the unit counts as faulted on at its start, where the stream the
