@@ -113,7 +113,7 @@ fn run_program(
         Ok(v) if !v.is_empty() => format!("{}:{v}", shim.0.display()),
         _ => shim.0.display().to_string(),
     };
-    let status = std::process::Command::new(&program[0])
+    let mut child = std::process::Command::new(&program[0])
         .args(&program[1..])
         .env("LD_PRELOAD", preload)
         .env("PAGEWISE_PRELOAD_ARENA", "hps")
@@ -123,8 +123,11 @@ fn run_program(
         .env("PAGEWISE_HPS_PROMOTE_FRACTION", promote_fraction.to_string())
         .env("PAGEWISE_HPS_INTERVAL_MS", interval_ms.to_string())
         .env("PAGEWISE_HPS_LOG", "1")
-        .status()
+        .spawn()
         .with_context(|| format!("starting {}", program[0]))?;
+    let status = child.wait().with_context(|| format!("waiting for {}", program[0]))?;
+    // A program killed before its tracker stopped leaves its published counts behind.
+    report::unpublish(child.id() as i32);
     Ok(match (status.code(), status.signal()) {
         (Some(c), _) => ExitCode::from(c as u8),
         (None, Some(sig)) => {

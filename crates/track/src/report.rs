@@ -114,12 +114,40 @@ pub fn published_path(pid: i32) -> PathBuf {
     PathBuf::from(format!("/run/pagewise/hps/{pid}.acs"))
 }
 
+/// Create the directory of published files; the first time in this process, also remove the
+/// files of processes that no longer exist: a tracked process that was killed (SIGKILL) never
+/// unpublishes, and without this its file would stay in /run until reboot.
+fn prepare_dir(path: &std::path::Path) -> std::io::Result<()> {
+    static PRUNED: std::sync::Once = std::sync::Once::new();
+    let dir = path.parent().expect("has a parent");
+    std::fs::create_dir_all(dir)?;
+    PRUNED.call_once(|| remove_dead(dir));
+    Ok(())
+}
+
+/// Remove `PID.acs` files (and their temporaries) in `dir` whose process is gone.
+fn remove_dead(dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(published_pid) else { continue };
+        if !pagewise_kernel::signal::process_alive(pid) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// The process id a published file's name (`PID.acs` or `PID.acs.tmp`) belongs to.
+fn published_pid(name: &str) -> Option<i32> {
+    let stem = name.strip_suffix(".acs").or_else(|| name.strip_suffix(".acs.tmp"))?;
+    stem.parse().ok().filter(|&pid| pid > 0)
+}
+
 /// Publish this process's counts (atomically replacing the previous file).
 pub fn publish(pid: i32, ranges: &[(usize, Vec<u32>)]) -> Result<()> {
     let path = published_path(pid);
-    let dir = path.parent().expect("has a parent");
     let io = |source| Error::Io { path: path.display().to_string(), source };
-    std::fs::create_dir_all(dir).map_err(io)?;
+    prepare_dir(&path).map_err(io)?;
     let tmp = path.with_extension("acs.tmp");
     std::fs::write(&tmp, encode(ranges)).map_err(io)?;
     std::fs::rename(&tmp, &path).map_err(io)?;
@@ -133,9 +161,8 @@ pub fn publish(pid: i32, ranges: &[(usize, Vec<u32>)]) -> Result<()> {
 /// state: `# tracking converged`.
 pub fn publish_views(pid: i32, note: &str, ranges: &[RangeView<'_>]) -> Result<()> {
     let path = published_path(pid);
-    let dir = path.parent().expect("has a parent");
     let io = |source| Error::Io { path: path.display().to_string(), source };
-    std::fs::create_dir_all(dir).map_err(io)?;
+    prepare_dir(&path).map_err(io)?;
     let tmp = path.with_extension("acs.tmp");
     let file = std::fs::File::create(&tmp).map_err(io)?;
     let mut w = std::io::BufWriter::with_capacity(16 << 10, file);
@@ -189,6 +216,36 @@ mod tests {
              00402000-00403000 : 0x00000000\n\
              00403000-00404000 : 0x00000003\n"
         );
+    }
+
+    #[test]
+    fn published_file_names_name_their_process() {
+        assert_eq!(published_pid("1234.acs"), Some(1234));
+        assert_eq!(published_pid("1234.acs.tmp"), Some(1234));
+        for name in ["1234", "x.acs", "0.acs", "-5.acs", "1234.acs.old", ".acs"] {
+            assert_eq!(published_pid(name), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn files_of_dead_processes_are_removed_and_others_kept() {
+        let dir = std::env::temp_dir().join(format!("pagewise-acs-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // A child that has exited and been reaped: its pid names no process (until reused,
+        // which within this test is vanishingly unlikely).
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let live = std::process::id();
+        for name in [format!("{dead}.acs"), format!("{dead}.acs.tmp"), format!("{live}.acs"), "notes.txt".into()] {
+            std::fs::write(dir.join(name), "x").unwrap();
+        }
+        remove_dead(&dir);
+        let mut left: Vec<String> =
+            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        left.sort();
+        assert_eq!(left, vec![format!("{live}.acs"), "notes.txt".to_string()]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
