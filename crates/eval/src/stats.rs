@@ -37,6 +37,30 @@ impl Summary {
     }
 }
 
+/// A 95% confidence interval of the median of `values` that assumes nothing about their
+/// distribution: the order statistics `x(k)` and `x(n+1-k)` for the largest `k` with
+/// P(Bin(n, 1/2) < k) ≤ 2.5%. None below 6 values (NaNs ignored), where no such `k` exists.
+/// It is what says whether a median of paired ratios resolves a target, e.g. 0.99: 21 pairs
+/// give the 6th and 16th of them.
+pub fn median_ci95(values: &[f64]) -> Option<(f64, f64)> {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| !x.is_nan()).collect();
+    v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+    let n = v.len();
+    // P(X <= j) for X ~ Bin(n, 1/2), summed in log space (2^-n underflows past n = 1074).
+    let mut ln_choose = 0.0f64; // ln C(n, j)
+    let mut below = 0.0f64; // P(X <= j - 1)
+    let mut k = 0; // the largest k found so far with P(X < k) <= 2.5%
+    for j in 0..n / 2 {
+        below += (ln_choose - n as f64 * std::f64::consts::LN_2).exp();
+        if below > 0.025 {
+            break;
+        }
+        k = j + 1;
+        ln_choose += ((n - j) as f64).ln() - ((j + 1) as f64).ln();
+    }
+    (k >= 1).then(|| (v[k - 1], v[n - k]))
+}
+
 /// `a / b`, or NaN when b is zero.
 pub fn ratio(a: f64, b: f64) -> f64 {
     if b == 0.0 {
@@ -114,6 +138,21 @@ impl Latency {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn median_ci95_uses_the_binomial_order_statistics() {
+        let v: Vec<f64> = (1..=21).map(f64::from).collect();
+        // Bin(21, 1/2): P(X <= 5) = 1.33%, P(X <= 6) = 3.9%: the 6th and the 16th values.
+        assert_eq!(median_ci95(&v), Some((6.0, 16.0)));
+        // n = 6: P(X <= 0) = 1.6%: the extremes. n = 5: P(X <= 0) = 3.1%: none.
+        assert_eq!(median_ci95(&[3.0, 1.0, 2.0, 6.0, 5.0, 4.0]), Some((1.0, 6.0)));
+        assert_eq!(median_ci95(&[1.0, 2.0, 3.0, 4.0, 5.0]), None);
+        assert_eq!(median_ci95(&[]), None);
+        // Large n stays finite and near the normal approximation n/2 -+ 0.98 sqrt(n).
+        let big: Vec<f64> = (0..2000).map(f64::from).collect();
+        let (lo, hi) = median_ci95(&big).unwrap();
+        assert!((lo - 956.0).abs() <= 2.0 && (hi - 1043.0).abs() <= 2.0, "{lo} {hi}");
+    }
 
     #[test]
     fn summary_of_known_values() {
