@@ -254,15 +254,22 @@ pub unsafe fn restore_if_current(sig: libc::c_int, ours: usize, previous: *const
     Ok(true)
 }
 
-/// Restore the default disposition of `sig`.
+/// Restore the default disposition of `sig`, discarding its instances still queued. The
+/// default action of a real-time signal ends the process, so an instance sent while the
+/// handler was installed but not yet delivered (its thread not scheduled yet) would otherwise
+/// kill the process once the default is back. Setting SIG_IGN first discards them (signal(7):
+/// a pending signal whose disposition becomes "ignore" is discarded; Linux flushes it from
+/// every thread's queue); the caller must make sure no new instance is sent after this.
 pub fn reset_handler(sig: i32) -> Result<()> {
-    // SAFETY: SIG_DFL with an empty mask is well formed.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = libc::SIG_DFL;
-        libc::sigemptyset(&mut sa.sa_mask);
-        if libc::sigaction(sig, &sa, std::ptr::null_mut()) != 0 {
-            return Err(Error::last_os("sigaction"));
+    for disposition in [libc::SIG_IGN, libc::SIG_DFL] {
+        // SAFETY: SIG_IGN / SIG_DFL with an empty mask is well formed.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = disposition;
+            libc::sigemptyset(&mut sa.sa_mask);
+            if libc::sigaction(sig, &sa, std::ptr::null_mut()) != 0 {
+                return Err(Error::last_os("sigaction"));
+            }
         }
     }
     Ok(())
@@ -382,6 +389,32 @@ mod tests {
         }
         let got = waiter.join().unwrap();
         assert_eq!(got, (0..200u64).map(|v| v * 7).collect::<Vec<_>>());
+    }
+
+    fn pending_here(sig: i32) -> bool {
+        // SAFETY: sigpending fills a valid sigset_t.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigpending(&mut set);
+            libc::sigismember(&set, sig) == 1
+        }
+    }
+
+    #[test]
+    fn reset_discards_an_instance_queued_for_the_handler() {
+        let sig = rt_signal(12).unwrap();
+        let before = swap_handler(sig, first, WhileHandling::BlockNone).unwrap();
+        // Queued while the handler is installed, not yet delivered (blocked in this thread),
+        // as when the thread it is queued to has not run yet.
+        set_thread_blocked(sig, true).unwrap();
+        queue_to_thread(getpid(), gettid(), sig, 1).unwrap();
+        assert!(pending_here(sig));
+        reset_handler(sig).unwrap();
+        // Still pending, unblocking would end the test binary (the default action): check
+        // first, and only unblock when it is gone.
+        assert!(!pending_here(sig), "reset_handler left a queued instance that the default action would deliver");
+        set_thread_blocked(sig, false).unwrap();
+        set_action(sig, &before).unwrap();
     }
 
     #[test]
