@@ -88,6 +88,40 @@ pub fn interleave<C, T>(
     Ok(out)
 }
 
+/// Where servers and the client of an experiment run: different CPUs when there are two or
+/// more, so that neither waits for the other's time slice.
+#[derive(Clone, Copy, Debug)]
+pub struct Placement {
+    pub server: usize,
+    pub client: usize,
+}
+
+/// The first online CPU for the client, the last for the servers; None on one CPU.
+pub fn placement() -> Option<Placement> {
+    let cpus = pagewise_kernel::cpu::online_cpus().ok()?;
+    let (first, last) = (*cpus.first()?, *cpus.last()?);
+    (first != last).then_some(Placement { server: last, client: first })
+}
+
+/// Pins the calling thread (and the threads it starts) to a CPU until dropped.
+pub struct PinnedThread {
+    previous: std::collections::BTreeSet<usize>,
+}
+
+impl PinnedThread {
+    pub fn to(cpu: usize) -> anyhow::Result<Self> {
+        let previous = pagewise_kernel::cpu::affinity(0)?;
+        pagewise_kernel::cpu::pin_to(cpu)?;
+        Ok(PinnedThread { previous })
+    }
+}
+
+impl Drop for PinnedThread {
+    fn drop(&mut self) {
+        let _ = pagewise_kernel::cpu::set_affinity(&self.previous);
+    }
+}
+
 /// Facts about the machine recorded with every result.
 pub fn machine_facts() -> serde_json::Value {
     let caps = pagewise_kernel::probe::probe();

@@ -6,14 +6,17 @@
 //! repetitions interleaved (auto, fixed sizes, auto, …). Every finished run's result must be
 //! bit-identical. Prints the tuner's per-iteration decision table like the seed's.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use pagewise_dlm::process::{pagewise_binary, ServerProcess};
 use pagewise_dlm::tune::format_table;
 use pagewise_dlm::{Config, Dlm};
+use pagewise_kernel::cpu;
 use serde_json::json;
 
 use super::dlm_pagesize::{Grid, ARRAYS};
+use crate::harness::{placement, PinnedThread};
 use crate::{human_bytes, ratio, Context, Experiment, Report, Summary, Table};
 
 pub struct DlmAutotune;
@@ -91,7 +94,10 @@ impl Experiment for DlmAutotune {
     fn run(&self, ctx: &mut Context) -> anyhow::Result<Report> {
         let bin = pagewise_binary()?;
         let n: usize = ctx.mode.pick(32, 96);
-        let iterations: usize = ctx.mode.pick(6, 10);
+        // Twelve iterations in both modes: the tuner spends an iteration or two trying sizes
+        // (at 50% none fits, and only the loop's time tells), a cost the seed's 200 iterations of
+        // BT hide; at six it was a tenth of the run.
+        let iterations: usize = 12;
         // Seven repetitions in quick mode: auto's and the best fixed size's runs take a fraction
         // of a second, and with three the worst ratio of their medians was 1.03 in one run and
         // 1.27 in a later one, their spreads overlapping.
@@ -109,6 +115,16 @@ impl Experiment for DlmAutotune {
         let ratios = [50usize, 25, 10, 5];
         let total = n * n * n * 8 * ARRAYS;
         let servers = [ServerProcess::spawn(&bin, "4G")?, ServerProcess::spawn(&bin, "4G")?];
+        // The solver on one CPU, both servers on the other (dlm-fault's cross-core placement).
+        // Left to the scheduler the three met on one CPU now and then: runs of one configuration
+        // took from 0.04 to 0.16 s.
+        let place = placement();
+        if let Some(p) = place {
+            for s in &servers {
+                cpu::set_affinity_of(s.pid() as i32, &BTreeSet::from([p.server]))?;
+            }
+        }
+        let _pinned = place.map(|p| PinnedThread::to(p.client)).transpose()?;
         let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
         // Configurations: auto first, then the fixed sizes.
         let configs: Vec<Option<usize>> = std::iter::once(None).chain(fixed.iter().map(|&u| Some(u))).collect();

@@ -38,6 +38,7 @@ use pagewise_kernel::procfs::read_cpu_steal;
 use pagewise_kvcache::load::{self, Choice};
 use serde_json::json;
 
+use crate::harness::{placement, PinnedThread};
 use crate::report::{Plot, Report, Table};
 use crate::stats::{median_ci95, Summary};
 use crate::{Context, Experiment};
@@ -49,38 +50,6 @@ const MEM_MB: usize = 1024;
 /// Load generator connections (one thread each) and gets in flight on each.
 const CONNS: usize = 2;
 const DEPTH: usize = 64;
-
-/// Where the servers and the load generator run: different CPUs when there are two or more.
-#[derive(Clone, Copy)]
-struct Placement {
-    server: usize,
-    client: usize,
-}
-
-fn placement() -> Option<Placement> {
-    let cpus = pagewise_kernel::cpu::online_cpus().ok()?;
-    let (first, last) = (*cpus.first()?, *cpus.last()?);
-    (first != last).then_some(Placement { server: last, client: first })
-}
-
-/// Pins the calling thread (and the load generator threads it starts) to a CPU until dropped.
-struct PinnedThread {
-    previous: std::collections::BTreeSet<usize>,
-}
-
-impl PinnedThread {
-    fn to(cpu: usize) -> anyhow::Result<Self> {
-        let previous = pagewise_kernel::cpu::affinity(0)?;
-        pagewise_kernel::cpu::pin_to(cpu)?;
-        Ok(PinnedThread { previous })
-    }
-}
-
-impl Drop for PinnedThread {
-    fn drop(&mut self) {
-        let _ = pagewise_kernel::cpu::set_affinity(&self.previous);
-    }
-}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Config {
