@@ -98,10 +98,10 @@ impl Experiment for DlmAutotune {
         // (at 50% none fits, and only the loop's time tells), a cost the seed's 200 iterations of
         // BT hide; at six it was a tenth of the run.
         let iterations: usize = 12;
-        // Seven repetitions in quick mode: auto's and the best fixed size's runs take a fraction
-        // of a second, and with three the worst ratio of their medians was 1.03 in one run and
-        // 1.27 in a later one, their spreads overlapping.
-        let reps: usize = ctx.mode.pick(7, 5);
+        // Eleven repetitions in quick mode: auto's and the best fixed size's runs take a fraction
+        // of a second, and on a noisy host single runs of one configuration differ up to 3×
+        // (four quick runs with seven gave a worst ratio of medians from 1.01 to 1.15).
+        let reps: usize = ctx.mode.pick(11, 5);
         let budget = Duration::from_secs(ctx.mode.pick(8, 300));
         // 4 KiB base pages in both modes: the tuner may go below the fixed sizes quick mode
         // compares with, and quick mode includes 4 KiB among them so "best fixed" is fair.
