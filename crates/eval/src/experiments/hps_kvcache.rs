@@ -348,14 +348,12 @@ impl Experiment for HpsKvcache {
         // Paired ratios per repetition (the configurations of a repetition ran back to back),
         // of gets per second of the server's CPU time (the headline) or per wall-clock second.
         let idx = |c: Config| configs.iter().position(|&x| x == c);
-        let paired_all = |series: &[Vec<f64>], a: Config, b: Config| -> Option<Summary> {
+        let paired = |series: &[Vec<f64>], a: Config, b: Config| -> Option<Vec<f64>> {
             let (a, b) = (idx(a)?, idx(b)?);
-            Some(Summary::of(&(0..reps).map(|k| series[a][k] / series[b][k]).collect::<Vec<_>>()))
+            Some((0..reps).map(|k| series[a][k] / series[b][k]).collect())
         };
-        let paired_ci = |series: &[Vec<f64>], a: Config, b: Config| -> Option<(f64, f64)> {
-            let (a, b) = (idx(a)?, idx(b)?);
-            median_ci95(&(0..reps).map(|k| series[a][k] / series[b][k]).collect::<Vec<_>>())
-        };
+        let paired_all = |series: &[Vec<f64>], a: Config, b: Config| paired(series, a, b).map(|r| Summary::of(&r));
+        let paired_ci = |series: &[Vec<f64>], a: Config, b: Config| paired(series, a, b).and_then(|r| median_ci95(&r));
         let med_mem = |c: Config| idx(c).map(|i| median(&mem[i]));
         let (d, t, h) = (
             med_mem(Config::Default).unwrap_or(0.0),
