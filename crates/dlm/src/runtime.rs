@@ -29,7 +29,9 @@
 //!
 //! # Dirty tracking: synchronous write-protect, not WP_ASYNC
 //! Pages are installed write-protected (UFFDIO_COPY mode WP; PROT_READ in the SIGSEGV mode); the
-//! first write faults, marks the unit dirty and un-protects it. Eviction of a dirty unit
+//! first write faults, marks the unit dirty and un-protects it. A unit fetched for a fault
+//! known to be a write (the x86 error code under SIGBUS, the message's flag under the handler
+//! thread) is installed writable and dirty at once: one fault and no protect-then-open. Eviction of a dirty unit
 //! write-protects it again *before* reading it for write-back, so a concurrent writer waits for
 //! the handler and never loses a store. UFFD_FEATURE_WP_ASYNC would resolve WP faults in the
 //! kernel, cheaper per first write, but then nothing holds a writer back between the write-back
@@ -160,6 +162,10 @@ pub struct Stats {
     pub faults: u64,
     /// First-write (write-protect) faults served.
     pub wp_faults: u64,
+    /// Units opened for writing after they were installed write-protected: at first-write
+    /// faults, and at known writes to units installed clean (read-ahead). A store to a unit
+    /// that is not resident installs it open, and counts in neither.
+    pub opened_units: u64,
     /// Resident units the CLOCK hand gave a second chance and armed (unmapped from the
     /// program's view, data kept) to see their next use.
     pub second_chances: u64,
@@ -1076,9 +1082,11 @@ impl Inner {
         }
     }
 
-    /// Request the non-resident pages of unit [first, first+count) of area `ai` (zeros are
-    /// installed at once; others get a READ).
-    fn request(&self, st: &mut State, ai: usize, first: usize, count: usize, readahead: bool) {
+    /// Request the non-resident pages of unit [first, first+count) of area `ai`, for a demand
+    /// fault or read-ahead (zeros are installed at once; others get a READ). `open`: the
+    /// demand fault is a known write to this page, so the part of the unit holding it is
+    /// installed writable and dirty: no write-protect now and no opening after.
+    fn request(&self, st: &mut State, ai: usize, first: usize, count: usize, readahead: bool, open: Option<usize>) {
         let b = self.cfg.base_page;
         let count_missing = |st: &State| {
             st.areas[ai].as_ref().expect("live").slot[first..first + count].iter().filter(|&&s| s == NONE).count()
@@ -1108,7 +1116,7 @@ impl Inner {
         st.stats.peak_resident_bytes = st.stats.peak_resident_bytes.max(st.resident);
         if !needs_home {
             st.stats.zero_units += 1;
-            self.install(st, ai, first, count, Fill::Zeros);
+            self.install(st, ai, first, count, Fill::Zeros, open);
             return;
         }
         let (srv, spage) = a.layout.home(first);
@@ -1126,7 +1134,7 @@ impl Inner {
         // received into made to exist. Nothing in between takes a reply, so the entry still
         // joins the queue in the order the request left.
         let into = self.reply_target(st, ai, first, count, missing, readahead);
-        st.conns[srv].pending.push_back(Pending::Read { area: ai as u32, first, count, into, sent });
+        st.conns[srv].pending.push_back(Pending::Read { area: ai as u32, first, count, into, sent, open });
         if readahead {
             st.stats.readahead_units += 1;
         }
@@ -1189,7 +1197,8 @@ impl Inner {
     /// Put pages at `[view, view + len)`, a wholly missing unit of the program's view whose
     /// reply is to be received there (`ReplyInto::View`): its own kept frames from its `place`
     /// in the shadow, else kept runs from anywhere, else fresh pages. All moved or copied in
-    /// writable and without waking anyone; `install` write-protects them once the data is in.
+    /// writable and without waking anyone; `install` write-protects them once the data is in
+    /// (unless the fault is a known write).
     fn fill_view(&self, st: &mut State, place: usize, view: usize, len: usize) {
         st.stats.view_receives += 1;
         let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
@@ -1216,8 +1225,9 @@ impl Inner {
         }
     }
 
-    /// Install the in-flight pages of a unit, write-protected.
-    fn install(&self, st: &mut State, ai: usize, first: usize, count: usize, data: Fill<'_>) {
+    /// Install the in-flight pages of a unit, write-protected — except the run holding page
+    /// `open`, the page of a known write (`request`), which is installed writable and dirty.
+    fn install(&self, st: &mut State, ai: usize, first: usize, count: usize, data: Fill<'_>, open: Option<usize>) {
         let b = self.cfg.base_page;
         let mut p = first;
         while p < first + count {
@@ -1231,6 +1241,7 @@ impl Inner {
             }
             let n = p - run_start;
             let off = (run_start - first) * b;
+            let dirty = open.is_some_and(|o| (run_start..p).contains(&o));
             let src = match data {
                 Fill::Data(d) => d[off..off + n * b].as_ptr(),
                 Fill::Zeros | Fill::InPlace(_) | Fill::InView => st.zeros.as_ptr(),
@@ -1238,35 +1249,37 @@ impl Inner {
             let a = st.areas[ai].as_ref().expect("live");
             let dst = a.addr + run_start * b;
             let r = match (&self.uffd, &a.staging) {
-                // Received into the program's view itself (`ReplyInto::View`): write-protect.
-                // Protecting never wakes (fs/userfaultfd.c), nor has it anyone to wake: the
-                // program's one thread is the one serving this fault.
+                // Received into the program's view itself (`ReplyInto::View`), where it is
+                // writable: write-protect unless dirty. Protecting never wakes
+                // (fs/userfaultfd.c), nor has it anyone to wake: the program's one thread is
+                // the one serving this fault.
+                (Some(_), _) if dirty && matches!(data, Fill::InView) => Ok(()),
                 (Some(u), _) if matches!(data, Fill::InView) => u.write_protect(dst, n * b, true, true),
                 // The data is in the shadow (the unit's place or borrowed frames): move it in.
                 (Some(_), _) if a.shadow.is_some() && matches!(data, Fill::InPlace(_)) => {
                     let Fill::InPlace(at) = data else { unreachable!("matched above") };
-                    self.move_in(st, dst, at + off, n * b, false);
+                    self.move_in(st, dst, at + off, n * b, dirty);
                     Ok(())
                 }
-                // The data is already in the memfd's page cache: map it, write-protected.
-                (Some(u), _) if matches!(data, Fill::InPlace(_)) => u.continue_wp(dst, n * b, true, true),
+                // The data is already in the memfd's page cache: map it.
+                (Some(u), _) if matches!(data, Fill::InPlace(_)) => u.continue_wp(dst, n * b, !dirty, true),
                 (Some(u), _) => {
                     // SAFETY: src points at n*b readable bytes (the reply buffer or zeros,
                     // both at least one block long).
-                    unsafe { u.copy(dst, src, n * b, true, true) }.map(|_| ())
+                    unsafe { u.copy(dst, src, n * b, !dirty, true) }.map(|_| ())
                 }
                 (None, Some((stage, _))) => {
                     // SAFETY: the staging view covers the area; these pages are not yet
                     // readable through the program's view, so nobody observes the copy.
                     unsafe { std::ptr::copy_nonoverlapping(src, (stage.addr() + run_start * b) as *mut u8, n * b) };
-                    mprotect(dst, n * b, Protection::Read)
+                    mprotect(dst, n * b, if dirty { Protection::ReadWrite } else { Protection::Read })
                 }
                 (None, None) => unreachable!("an area has a uffd or a staging view"),
             };
             if let Err(e) = r {
                 crate::fatal(format_args!("pagewise dlm: installing {dst:#x}+{:#x} failed: {e}", n * b));
             }
-            let entry = Entry { area: ai as u32, first: run_start as u32, count: n as u32, dirty: false, armed: false };
+            let entry = Entry { area: ai as u32, first: run_start as u32, count: n as u32, dirty, armed: false };
             let Some(slot) = st.clock.insert(entry) else {
                 crate::fatal(format_args!("pagewise dlm: internal error: clock full"));
             };

@@ -85,6 +85,7 @@ impl Inner {
             if !e.dirty && (write || self.mode != FaultMode::HandlerThread) {
                 st.clock.get_mut(slot as usize).expect("live").dirty = true;
                 st.stats.wp_faults += 1;
+                st.stats.opened_units += 1;
                 self.unprotect(start, len);
             } else if let Some(u) = &self.uffd {
                 let _ = u.wake(start, len);
@@ -99,7 +100,7 @@ impl Inner {
         let (first, count) = layout.unit(page, set);
         let was_inflight = slot == INFLIGHT;
         if !was_inflight {
-            self.request(st, ai, first, count, false);
+            self.request(st, ai, first, count, false, write.then_some(page));
         }
         // Read-ahead: a fault that continues the last one (or lands on read-ahead) grows the
         // window; anything else resets it.
@@ -133,7 +134,7 @@ impl Inner {
                 let (f, c) = layout.unit(next, set);
                 let a = st.areas[ai].as_ref().expect("present");
                 if a.slot[f..f + c].contains(&NONE) {
-                    self.request(st, ai, f, c, true);
+                    self.request(st, ai, f, c, true, None);
                 }
                 next = f + c;
             }
@@ -160,12 +161,14 @@ impl Inner {
             a.last_end = a.last_end.max(end);
         }
         if write {
-            // Known write: open the unit now instead of taking a second (WP) fault.
+            // Known write to a unit that was on its way already (read-ahead), installed
+            // write-protected: open it now instead of taking a second (WP) fault.
             let s = st.areas[ai].as_ref().expect("present").slot[page] as usize;
             if let Some(e) = st.clock.get_mut(s) {
                 if !e.dirty {
                     e.dirty = true;
                     let (start, len) = (a_addr + e.first as usize * b, e.count as usize * b);
+                    st.stats.opened_units += 1;
                     self.unprotect(start, len);
                 }
             }

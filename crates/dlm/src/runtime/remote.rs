@@ -10,8 +10,21 @@ use crate::transport::Transport;
 use crate::DlmError;
 
 pub(super) enum Pending {
-    Read { area: u32, first: usize, count: usize, into: ReplyInto, sent: Sent },
-    Write { area: u32, first: usize, count: usize, sent: Sent },
+    /// `open`: the page of a known write the unit was requested for (`Inner::request`).
+    Read {
+        area: u32,
+        first: usize,
+        count: usize,
+        into: ReplyInto,
+        sent: Sent,
+        open: Option<usize>,
+    },
+    Write {
+        area: u32,
+        first: usize,
+        count: usize,
+        sent: Sent,
+    },
 }
 
 /// Where a READ's reply is received (`Inner::reply_target`).
@@ -79,10 +92,12 @@ impl Inner {
     pub(super) fn complete_one(&self, st: &mut State, srv: usize) -> bool {
         let Some(p) = st.conns[srv].pending.pop_front() else { return false };
         let b = self.cfg.base_page;
-        let (ai, first, count, is_read, into, sent) = match p {
-            Pending::Read { area, first, count, into, sent } => (area as usize, first, count, true, into, sent),
+        let (ai, first, count, is_read, into, sent, open) = match p {
+            Pending::Read { area, first, count, into, sent, open } => {
+                (area as usize, first, count, true, into, sent, open)
+            }
             Pending::Write { area, first, count, sent } => {
-                (area as usize, first, count, false, ReplyInto::Buffer, sent)
+                (area as usize, first, count, false, ReplyInto::Buffer, sent, None)
             }
         };
         let start = st.areas[ai].as_ref().map(|a| a.addr + first * b).unwrap_or(0);
@@ -169,7 +184,7 @@ impl Inner {
             st.stats.fetched_bytes += (count * b) as u64;
             // Installing moves the pages away from `at`: its place is free again.
             st.borrowed.retain(|&(a, _)| a != at);
-            self.install(st, ai, first, count, fill);
+            self.install(st, ai, first, count, fill, open);
             return true;
         }
         let mut buf = std::mem::take(&mut st.buf);
@@ -178,7 +193,7 @@ impl Inner {
         }
         st.stats.fetched_units += 1;
         st.stats.fetched_bytes += (count * b) as u64;
-        self.install(st, ai, first, count, Fill::Data(&buf[..count * b]));
+        self.install(st, ai, first, count, Fill::Data(&buf[..count * b]), open);
         st.buf = buf;
         true
     }
