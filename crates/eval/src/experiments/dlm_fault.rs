@@ -13,7 +13,16 @@
 //! cached, and at 64 KiB that alone was a fifth of the time). Then sequential streaming through
 //! an area 4× the local limit with 128 KiB units and read-ahead, next to pipelined TCP
 //! streaming from the same server, and local memcpy. Placement: client and server on different cores, and on the
-//! same core (wake-up latency dominates small round trips on this VM). The SIGBUS mode runs
+//! same core (wake-up latency dominates small round trips on this VM).
+//!
+//! The headline ratio is paired: each fault is followed, in the same process, by a busy-poll
+//! request/reply of the same bytes, and the ratio is taken per block of 20 such pairs. The
+//! host's speed shifts by up to 1.5× from one second to the next (a signal round trip took
+//! 1.9 µs, then 2.8 µs, in back-to-back runs of one program), so a fault and a request/reply
+//! measured seconds apart differ by as much as the overhead being measured; within a block
+//! they ran under the same conditions. The unpaired ratio is kept as well.
+//!
+//! The SIGBUS mode runs
 //! three times in the same interleaved order: the default (a demand fault's reply received
 //! into the program's view itself, where evicted units' frames were moved while the request
 //! travelled, then write-protected), `Config::zero_copy` (memfd area, reply
@@ -188,6 +197,37 @@ fn in_dlm_process<T: serde::Serialize + serde::de::DeserializeOwned>(
     r.map_err(|e| anyhow::anyhow!(e))
 }
 
+/// What one run of a measured way gives: its latencies, the first writes (fault ways), and
+/// the ratios of its fault blocks over their paired request/reply blocks (fault ways).
+struct WayRun {
+    latency: Latency,
+    first_writes: Latency,
+    /// The busy-poll request/replies timed each right after a fault.
+    paired: Latency,
+    /// Per block of [`PAIR_BLOCK`] consecutive pairs: median fault over median request/reply.
+    block_ratios: Vec<f64>,
+}
+
+impl WayRun {
+    fn baseline(latency: Latency) -> Self {
+        WayRun { latency, first_writes: Latency::new(), paired: Latency::new(), block_ratios: Vec::new() }
+    }
+}
+
+/// Pairs (a fault, then a request/reply of the same bytes) per block of the paired ratio: the
+/// two halves of a block ran within about a millisecond of each other, so a block's ratio
+/// holds whatever speed the shared host ran at then.
+const PAIR_BLOCK: usize = 20;
+
+/// Latencies (ns) of one fault run, in the order taken.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct FaultRun {
+    faults: Vec<u64>,
+    first_writes: Vec<u64>,
+    /// The busy-poll request/reply right after each fault.
+    paired: Vec<u64>,
+}
+
 /// [`fault_latency`] in its own single-threaded process.
 fn fault_latency_in_child(
     server: &str,
@@ -196,17 +236,31 @@ fn fault_latency_in_child(
     size: usize,
     n: usize,
     seed: u64,
-) -> anyhow::Result<(Latency, Latency)> {
-    let (lat, wp): (Vec<u64>, Vec<u64>) = in_dlm_process(|| fault_latency(server, mode, install, size, n, seed))?;
-    let hist = |ns: Vec<u64>| {
+) -> anyhow::Result<WayRun> {
+    let run: FaultRun = in_dlm_process(|| fault_latency(server, mode, install, size, n, seed))?;
+    let hist = |ns: &[u64]| {
         let mut l = Latency::new();
-        ns.into_iter().for_each(|x| l.record_ns(x));
+        ns.iter().for_each(|&x| l.record_ns(x));
         l
     };
-    Ok((hist(lat), hist(wp)))
+    let median = |v: &[u64]| Summary::of(&v.iter().map(|&x| x as f64).collect::<Vec<_>>()).median;
+    let block_ratios = run
+        .faults
+        .chunks_exact(PAIR_BLOCK)
+        .zip(run.paired.chunks_exact(PAIR_BLOCK))
+        .map(|(f, p)| ratio(median(f), median(p)))
+        .collect();
+    Ok(WayRun {
+        latency: hist(&run.faults),
+        first_writes: hist(&run.first_writes),
+        paired: hist(&run.paired),
+        block_ratios,
+    })
 }
 
-/// Latency (ns) of `n` read faults on random units of `size` bytes, and of first writes.
+/// Latency (ns) of `n` read faults on random units of `size` bytes, each followed by a
+/// busy-poll request/reply of `size` bytes into one buffer (the headline baseline, paired),
+/// and of first writes.
 fn fault_latency(
     server: &str,
     mode: FaultMode,
@@ -214,16 +268,20 @@ fn fault_latency(
     size: usize,
     n: usize,
     seed: u64,
-) -> anyhow::Result<(Vec<u64>, Vec<u64>)> {
+) -> anyhow::Result<FaultRun> {
     let units = n.max(8);
     let bytes = units * size;
     let set = (size / (4 * KIB)) as u32;
     let dlm = Dlm::init(dlm_config(server, mode, install, 4 * KIB, 256, set, bytes + (2 << 20), 0))?;
     let base = dlm.alloc(bytes)?;
     populate(&dlm, base, bytes);
+    let paired_units = 8;
+    let mut raw = Raw::new(server, paired_units * size, true)?;
+    let mut buf = vec![1u8; size];
     let mut order: Vec<usize> = (0..units).collect();
     order.shuffle(&mut rand::rngs::SmallRng::seed_from_u64(seed));
     let mut lat = Vec::with_capacity(n);
+    let mut paired = Vec::with_capacity(n);
     for u in order.into_iter().take(n) {
         // SAFETY: inside the area; the first touch of the unit faults.
         let p = unsafe { base.add(u * size) };
@@ -232,6 +290,10 @@ fn fault_latency(
         let v = unsafe { p.read_volatile() };
         lat.push(t.elapsed().as_nanos() as u64);
         anyhow::ensure!(v == 1, "unit {u}: read {v}, populated 1");
+        let t = Instant::now();
+        raw.send_read(u % paired_units * size / (4 * KIB), size)?;
+        raw.recv_read(&mut buf)?;
+        paired.push(t.elapsed().as_nanos() as u64);
     }
     let st = dlm.stats();
     anyhow::ensure!(st.fetched_units as usize >= n, "only {} fetches for {n} faults", st.fetched_units);
@@ -250,7 +312,7 @@ fn fault_latency(
         }
     }
     dlm.shutdown();
-    Ok((lat, wp))
+    Ok(FaultRun { faults: lat, first_writes: wp, paired })
 }
 
 /// Set figure `key` to `value` unless it already holds a larger one (the worst over sizes).
@@ -408,6 +470,7 @@ impl Experiment for DlmFault {
             "SIGBUS UFFDIO_COPY p50 / p99 µs",
             "best fault / plain TCP",
             "best fault / busy-poll TCP",
+            "SIGBUS / busy-poll TCP, paired [95%]",
             "SIGBUS / busy-poll TCP into cold memory",
             "first write thread / SIGBUS µs",
         ]);
@@ -435,12 +498,12 @@ impl Experiment for DlmFault {
                 for &size in &sizes {
                     let n = n_faults.min((64 << 20) / size);
                     let res = interleave(ctx, &ways, reps, |&w, rep| match w {
-                        Way::PlainPingPong => Ok((pingpong(&addr, size, n, rep as u64, false, false)?, Latency::new())),
-                        Way::PingPong => Ok((pingpong(&addr, size, n, rep as u64, true, false)?, Latency::new())),
-                        Way::PingPongCold => Ok((pingpong(&addr, size, n, rep as u64, true, true)?, Latency::new())),
+                        Way::PlainPingPong => Ok(WayRun::baseline(pingpong(&addr, size, n, rep as u64, false, false)?)),
+                        Way::PingPong => Ok(WayRun::baseline(pingpong(&addr, size, n, rep as u64, true, false)?)),
+                        Way::PingPongCold => Ok(WayRun::baseline(pingpong(&addr, size, n, rep as u64, true, true)?)),
                         Way::Mode(m, install) => fault_latency_in_child(&addr, m, install, size, n, rep as u64),
                     })?;
-                    let merge = |pick: fn(&(Latency, Latency)) -> &Latency| -> Vec<Latency> {
+                    let merge = |pick: fn(&WayRun) -> &Latency| -> Vec<Latency> {
                         res.iter()
                             .map(|v| {
                                 let mut l = Latency::new();
@@ -449,9 +512,13 @@ impl Experiment for DlmFault {
                             })
                             .collect()
                     };
-                    let merged = merge(|x| &x.0);
-                    let wp: Vec<_> = merge(|x| &x.1).iter().map(|l| l.summary()).collect();
-                    let s: Vec<_> = merged.iter().map(|l| l.summary()).collect();
+                    let s: Vec<_> = merge(|x| &x.latency).iter().map(|l| l.summary()).collect();
+                    let wp: Vec<_> = merge(|x| &x.first_writes).iter().map(|l| l.summary()).collect();
+                    let sigbus_paired = merge(|x| &x.paired)[3].summary();
+                    // The headline: SIGBUS faults over the request/replies paired with them.
+                    let blocks: Vec<f64> = res[3].iter().flat_map(|r| r.block_ratios.iter().copied()).collect();
+                    let paired_ratio = Summary::of(&blocks).median;
+                    let paired_ci = median_ci95(&blocks);
                     // s: [plain TCP, busy-poll TCP, thread, SIGBUS, SIGBUS zero-copy, SIGBUS UFFDIO_COPY,
                     //     busy-poll TCP into cold memory]
                     let best = s[2].p50_us.min(s[3].p50_us);
@@ -465,6 +532,10 @@ impl Experiment for DlmFault {
                         format!("{:.1} / {:.1}", s[5].p50_us, s[5].p99_us),
                         format!("{:.2}", ratio(best, s[0].p50_us)),
                         format!("{:.2}", ratio(best, s[1].p50_us)),
+                        match paired_ci {
+                            Some((lo, hi)) => format!("{paired_ratio:.2} [{lo:.2}–{hi:.2}]"),
+                            None => format!("{paired_ratio:.2}"),
+                        },
                         format!("{:.2}", ratio(s[3].p50_us, s[6].p50_us)),
                         format!("{:.1} / {:.1}", wp[2].p50_us, wp[3].p50_us),
                     ]);
@@ -489,11 +560,22 @@ impl Experiment for DlmFault {
                             "fault_uffdio_copy_vs_busy_pingpong_max",
                             ratio(s[5].p50_us, s[1].p50_us),
                         );
-                        figure_max(&mut report, "fault_vs_busy_pingpong_max", ratio(s[3].p50_us, s[1].p50_us));
+                        report.figure(&format!("fault_vs_busy_pingpong_{k}k"), paired_ratio);
+                        report.figure(&format!("pingpong_busy_poll_paired_{k}k_us"), sigbus_paired.p50_us);
+                        figure_max(&mut report, "fault_vs_busy_pingpong_max", paired_ratio);
+                        figure_max(
+                            &mut report,
+                            "fault_vs_busy_pingpong_unpaired_max",
+                            ratio(s[3].p50_us, s[1].p50_us),
+                        );
                         figure_max(&mut report, "fault_vs_cold_pingpong_max", ratio(s[3].p50_us, s[6].p50_us));
                         if size == 16 * KIB {
                             report.figure("fault_vs_pingpong_16k", ratio(s[3].p50_us, s[0].p50_us));
-                            report.figure("fault_vs_busy_pingpong_16k", ratio(s[3].p50_us, s[1].p50_us));
+                            report.figure("fault_vs_busy_pingpong_unpaired_16k", ratio(s[3].p50_us, s[1].p50_us));
+                            if let Some((lo, hi)) = paired_ci {
+                                report.figure("fault_vs_busy_pingpong_16k_ci95_low", lo);
+                                report.figure("fault_vs_busy_pingpong_16k_ci95_high", hi);
+                            }
                             report.figure("fault_vs_cold_pingpong_16k", ratio(s[3].p50_us, s[6].p50_us));
                             report.figure("fault_thread_vs_pingpong_16k", ratio(s[2].p50_us, s[0].p50_us));
                             report.figure("sigbus_vs_thread_16k", ratio(s[3].p50_us, s[2].p50_us));
@@ -501,9 +583,10 @@ impl Experiment for DlmFault {
                             report.figure("fault_zero_copy_vs_pingpong_16k", ratio(s[4].p50_us, s[0].p50_us));
                         }
                     }
-                    data.push(
-                        json!({"placement": pl.name, "size": size, "pingpong_plain": s[0], "pingpong_busy_poll": s[1], "thread": s[2], "sigbus": s[3], "sigbus_zero_copy": s[4], "sigbus_uffdio_copy": s[5]}),
-                    );
+                    data.push(json!({"placement": pl.name, "size": size, "pingpong_plain": s[0],
+                        "pingpong_busy_poll": s[1], "thread": s[2], "sigbus": s[3], "sigbus_zero_copy": s[4],
+                        "sigbus_uffdio_copy": s[5], "pingpong_busy_poll_paired_with_sigbus": sigbus_paired,
+                        "sigbus_over_paired_block_ratios": blocks}));
                 }
                 if pl.name == placements[0].name {
                     for (i, w) in ways.iter().enumerate() {
@@ -590,9 +673,13 @@ impl Experiment for DlmFault {
              per unit between evictions. TCP request/reply = a 32-byte READ request and a page-sized \
              reply between this process and the same server process, no fault involved: 'plain' waits \
              with blocking reads (fault_vs_pingpong_16k), 'busy-poll' spins on the reply as DLM's \
-             transport does (the headline fault_vs_busy_pingpong_16k, and its worst unit size \
-             fault_vs_busy_pingpong_max: the fault path's own overhead with the network cost held \
-             equal; target ≤ 1.3). 'into cold memory' = the busy-poll request/reply receiving each \
+             transport does: the fault path's own overhead with the network cost held equal. The \
+             headline fault_vs_busy_pingpong_16k (target ≤ 1.3; _ci95_low/_high its interval) and \
+             its worst unit size fault_vs_busy_pingpong_max are paired: each fault was followed by \
+             such a request/reply in the same process, and the ratio is the median over blocks of \
+             20 pairs of median fault over median request/reply, so both sides of a block ran \
+             under the same host conditions. The unpaired ratios of medians measured in separate \
+             processes are fault_vs_busy_pingpong_unpaired_16k / _max. 'into cold memory' = the busy-poll request/reply receiving each \
              reply at its unit's place in an area as large as the fault test's, as a fault's reply \
              lands in memory the cache has not seen lately (fault_vs_cold_pingpong_16k / _max: the \
              fault path's cost beyond where its bytes go). 'zero-copy' = \
