@@ -65,6 +65,11 @@ pub struct Config {
     /// units (runtime/frames.rs); false: copied in from a buffer with UFFDIO_COPY, which
     /// allocates every page (`pagewise eval dlm-fault` compares the two).
     pub move_install: bool,
+    /// A small unit whose demand fault's reply lands in the program's view (SIGBUS, one
+    /// program thread) is left writable and remembered by a hash of its bytes instead of being
+    /// write-protected; eviction hashes it again and writes it home when it differs
+    /// (runtime.rs, "Dirty tracking"). false: every clean unit is write-protected.
+    pub hash_clean: bool,
     /// Eviction sees reads: the CLOCK hand unmaps a unit when it gives it a second chance,
     /// keeping its data (in the area's shadow, or its memfd), and the unit's next access sets
     /// its reference bit (runtime.rs, "Reference bits"). false: eviction sees only faults and
@@ -100,6 +105,7 @@ impl Default for Config {
             readahead: 32,
             zero_copy: false,
             move_install: true,
+            hash_clean: true,
             sample_references: true,
             auto_tune: false,
             min_set: 1,
@@ -132,7 +138,7 @@ impl Config {
     /// Read `PAGEWISE_DLM_SERVERS` (required), `PAGEWISE_DLM_LOCAL_MEM`, `PAGEWISE_DLM_PAGE_SIZE`,
     /// `PAGEWISE_DLM_MAX_SET`, `PAGEWISE_DLM_SET_COUNT`, `PAGEWISE_DLM_FAULT_MODE`,
     /// `PAGEWISE_DLM_READAHEAD`, `PAGEWISE_DLM_ZERO_COPY` (0/1), `PAGEWISE_DLM_MOVE` (0/1:
-    /// `move_install`), `PAGEWISE_DLM_REFERENCES` (0/1: `sample_references`), `PAGEWISE_DLM_AUTO_TUNE` (0/1),
+    /// `move_install`), `PAGEWISE_DLM_HASH_CLEAN` (0/1: `hash_clean`), `PAGEWISE_DLM_REFERENCES` (0/1: `sample_references`), `PAGEWISE_DLM_AUTO_TUNE` (0/1),
     /// `PAGEWISE_DLM_MIN_SET`, `PAGEWISE_DLM_TUNE_WINDOW_MS`, `PAGEWISE_DLM_DECISIONS` (a file),
     /// `PAGEWISE_DLM_FAULT_TIMEOUT_MS` (0: none), `PAGEWISE_DLM_DONTFORK` (0/1) through `get`.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, DlmError> {
@@ -167,6 +173,9 @@ impl Config {
         }
         if let Some(v) = get("PAGEWISE_DLM_MOVE") {
             c.move_install = num("PAGEWISE_DLM_MOVE", v)? != 0;
+        }
+        if let Some(v) = get("PAGEWISE_DLM_HASH_CLEAN") {
+            c.hash_clean = num("PAGEWISE_DLM_HASH_CLEAN", v)? != 0;
         }
         if let Some(v) = get("PAGEWISE_DLM_REFERENCES") {
             c.sample_references = num("PAGEWISE_DLM_REFERENCES", v)? != 0;

@@ -38,6 +38,15 @@
 //! read and MADV_DONTNEED, which loses updates from other threads (`examples/dlm_local_fault.rs`
 //! measures both costs).
 //!
+//! Small units received into the program's view (below) are not protected at all
+//! (`Config::hash_clean`): the runtime keeps a hash of their bytes (xxh3, keyed per runtime)
+//! and eviction hashes them again — equal: clean, dropped; different: written home. Protecting
+//! a few pages costs a TLB flush per page on this VM (`HASH_MAX`), on the fault's critical
+//! path, and their first write would cost a fault; hashing is cheaper up to 16 KiB and moves
+//! half its cost to eviction. A written unit keeps its hash with probability 2^-64. Eviction
+//! protects a hashed unit before hashing it when another thread could write it meanwhile, as
+//! for a write-back.
+//!
 //! # Fault delivery
 //! SIGBUS (UFFD_FEATURE_SIGBUS, `signals.rs`) serves the fault on the faulting thread and saves
 //! two thread wake-ups per fault (`pagewise eval dlm-fault` compares it with the handler
@@ -67,12 +76,12 @@
 //! (`runtime/frames.rs`, which also says why a clean unit is moved in only while the program
 //! has one thread). Where a READ of a wholly missing unit is received (`Inner::reply_target`):
 //! - a demand fault served on the faulting thread (SIGBUS) of a program with one thread, unit
-//!   of 16 KiB or more (`VIEW_MIN`): into the program's view itself. While the request
-//!   travels, frames are moved to the unit's place there (its own, else any kept, else fresh
-//!   pages); the reply is received into them and write-protected. The program cannot see the
-//!   place before that: its one thread is the one in the handler, with every signal blocked.
-//!   After the reply only the write-protect is left, where the other ways also move or copy
-//!   every page.
+//!   of 16 KiB or more (`VIEW_MIN`; any size with `hash_clean`): into the program's view
+//!   itself. While the request travels, frames are moved to the unit's place there (its own,
+//!   else any kept, else fresh pages); the reply is received into them and write-protected
+//!   (or hashed). The program cannot see the place before that: its one thread is the one in
+//!   the handler, with every signal blocked. After the reply only the write-protect (or hash)
+//!   is left, where the other ways also move or copy every page.
 //! - else, units of 128 KiB or more: into frames in the shadow — the unit's own, still at its
 //!   place, else a kept run as large as the unit wherever it lies (*borrowed*), else frames
 //!   gathered into the unit's place while the request travels — and moved from there into the
@@ -125,6 +134,14 @@ const MOVE_MIN: usize = 128 << 10;
 /// 4 KiB 25.3 µs against 21.6; 16 KiB 28.1 against 30.4, and 1.006× over 8 more pairs: even).
 /// From 64 KiB on it wins clearly (0.78× at 64 KiB, 0.95× at 1 MiB).
 const VIEW_MIN: usize = 16 << 10;
+
+/// Largest unit installed hashed rather than write-protected (`Config::hash_clean`), and then
+/// received into the program's view from one page on. Write-protecting n ≤ 33 pages flushes
+/// them from the TLB one at a time (arch/x86/mm/tlb.c, tlb_single_page_flush_ceiling): 1.3 µs
+/// for one page, 2.0 µs for 4 and 5.0 µs for 16 on this VM, against 0.26 µs, 1.0 µs and 4.3 µs
+/// to hash them (xxh3, 16 GB/s). A hashed unit is hashed again when evicted, so beyond 16 KiB
+/// the two hashes cost more than the protect.
+const HASH_MAX: usize = 16 << 10;
 
 use crate::clock::Clock;
 use crate::config::{Config, FaultMode};
@@ -190,6 +207,12 @@ pub struct Stats {
     pub joined_move_ins: u64,
     /// Units installed as zeros because they were never written back.
     pub zero_units: u64,
+    /// Clean units left writable and remembered by a hash of their bytes instead of
+    /// write-protected (`Config::hash_clean`; module doc, "Dirty tracking").
+    pub hashed_installs: u64,
+    /// Evicted hashed units whose bytes still had their hash (dropped) or not (written home).
+    pub clean_by_hash: u64,
+    pub written_by_hash: u64,
     pub evictions: u64,
     pub writebacks: u64,
     pub writeback_bytes: u64,
@@ -202,6 +225,9 @@ struct Entry {
     first: u32,
     count: u32,
     dirty: bool,
+    /// Clean but writable: the hash of its bytes when installed (`Config::hash_clean`).
+    /// Eviction compares; a difference means the program wrote it.
+    clean_hash: Option<u64>,
     /// The hand cleared its reference bit and unmapped it from the program's view (its data
     /// stays in the memfd): its next access faults and counts as a reference.
     armed: bool,
@@ -267,6 +293,9 @@ pub(crate) struct Inner {
     moving: bool,
     /// This process's thread count (`Inner::sole_program_thread`).
     threads: Option<pagewise_kernel::procfs::ThreadCount>,
+    /// Key of the clean units' hashes, random per runtime: what a program writes cannot be
+    /// chosen to collide.
+    hash_seed: u64,
     uffd: Option<Uffd>,
     state: Mutex<State>,
     stop: AtomicBool,
@@ -415,6 +444,7 @@ impl Dlm {
             zero_copy,
             moving,
             threads,
+            hash_seed: std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), 0u64),
             uffd,
             state: Mutex::new(state),
             stop: AtomicBool::new(false),
@@ -873,10 +903,19 @@ impl Inner {
             (a.addr + first * b, count * b, a.layout)
         };
         st.stats.evictions += 1;
-        if e.dirty {
-            // An armed unit's data is read from its place in the shadow: be sure it is there.
-            run.flush();
-            // Hold writers back first (module doc), then ship the data home.
+        // Read through the runtime's own view where there is one: the program's view of an
+        // armed unit is unmapped (it would fault).
+        let own = {
+            let a = st.areas[ai].as_ref().expect("live");
+            match (&a.shadow, e.armed) {
+                (Some(sh), true) => sh.addr() + first * b,
+                _ => a.alias.as_ref().or(a.staging.as_ref()).map_or(start, |(m, _)| m.addr() + first * b),
+            }
+        };
+        // Writers are held back (module doc) before the data is read: always for a write-back,
+        // and before a hashed unit is hashed again unless nobody can write it meanwhile — its
+        // view unmapped (armed), or the program's one thread the one evicting.
+        let protect = |start: usize, len: usize| {
             let r = match &self.uffd {
                 // DONTWAKE is refused when protecting (fs/userfaultfd.c: mode_wp && mode_dontwake).
                 Some(u) => u.write_protect(start, len, true, true),
@@ -884,6 +923,34 @@ impl Inner {
             };
             if let Err(err) = r {
                 crate::fatal(format_args!("pagewise dlm: write-protecting {start:#x}+{len:#x} failed: {err}"));
+            }
+        };
+        let mut protected = false;
+        let written = match e.clean_hash {
+            None => e.dirty,
+            Some(h) => {
+                // An armed unit's data is read from its place in the shadow: be sure it is there.
+                run.flush();
+                if !e.armed && !self.sole_program_thread(st) {
+                    protect(start, len);
+                    protected = true;
+                }
+                // SAFETY: [own, own+len) maps the unit's resident pages (the program's view, or
+                // the shadow where an armed unit's pages wait); nobody writes them meanwhile.
+                let written = unsafe { content_hash(self.hash_seed, own, len) } != h;
+                if written {
+                    st.stats.written_by_hash += 1;
+                } else {
+                    st.stats.clean_by_hash += 1;
+                }
+                written
+            }
+        };
+        if written {
+            // An armed unit's data is read from its place in the shadow: be sure it is there.
+            run.flush();
+            if !protected {
+                protect(start, len);
             }
             let (srv, spage) = layout.home(first);
             // Replies owed on this connection are taken first: a blocking send must never wait
@@ -897,15 +964,6 @@ impl Inner {
             h.page = spage as u64;
             h.set_count = count as u32;
             h.length = len as u32;
-            // Read through the runtime's own view where there is one: the program's view of an
-            // armed unit is unmapped (it would fault).
-            let own = {
-                let a = st.areas[ai].as_ref().expect("live");
-                match (&a.shadow, e.armed) {
-                    (Some(sh), true) => sh.addr() + first * b,
-                    _ => a.alias.as_ref().or(a.staging.as_ref()).map_or(start, |(m, _)| m.addr() + first * b),
-                }
-            };
             // SAFETY: [own, own+len) maps the unit's resident pages, now write-protected in
             // the program's view; reading does not fault and nobody can change them until
             // they are dropped below.
@@ -959,11 +1017,21 @@ impl Inner {
         }
     }
 
+    /// Smallest unit whose demand fault's reply is received into the program's view: any
+    /// when it is then hashed instead of write-protected (`HASH_MAX`), else `VIEW_MIN`.
+    fn view_min(&self) -> usize {
+        if self.cfg.hash_clean {
+            self.cfg.base_page
+        } else {
+            VIEW_MIN
+        }
+    }
+
     /// Whether an evicted unit of `len` bytes leaves its frames in the shadow for a later reply
     /// to be received into (`reply_target`): under SIGBUS from `VIEW_MIN` on (demand faults are
     /// received into the program's view), else from `MOVE_MIN` on.
     fn keeps_frames(&self, len: usize) -> bool {
-        self.cfg.move_install && (len >= MOVE_MIN || self.mode == FaultMode::Sigbus && len >= VIEW_MIN)
+        self.cfg.move_install && (len >= MOVE_MIN || self.mode == FaultMode::Sigbus && len >= self.view_min())
     }
 
     /// Keep the shadow frames `[addr, addr + len)` for the next fetch; false when the resident
@@ -1176,7 +1244,7 @@ impl Inner {
         let Some(place) = a.shadow.as_ref().filter(|_| self.cfg.move_install).map(|m| m.addr() + first * b) else {
             return ReplyInto::Buffer;
         };
-        let to_view = !readahead && self.mode == FaultMode::Sigbus && len >= VIEW_MIN;
+        let to_view = !readahead && self.mode == FaultMode::Sigbus && len >= self.view_min();
         if !(to_view || len >= MOVE_MIN) || !self.sole_program_thread(st) {
             return ReplyInto::Buffer;
         }
@@ -1242,6 +1310,8 @@ impl Inner {
             let n = p - run_start;
             let off = (run_start - first) * b;
             let dirty = open.is_some_and(|o| (run_start..p).contains(&o));
+            // Received into the view by the program's one thread: hashed, not protected.
+            let hashed = !dirty && self.cfg.hash_clean && matches!(data, Fill::InView) && n * b <= HASH_MAX;
             let src = match data {
                 Fill::Data(d) => d[off..off + n * b].as_ptr(),
                 Fill::Zeros | Fill::InPlace(_) | Fill::InView => st.zeros.as_ptr(),
@@ -1253,7 +1323,7 @@ impl Inner {
                 // writable: write-protect unless dirty. Protecting never wakes
                 // (fs/userfaultfd.c), nor has it anyone to wake: the program's one thread is
                 // the one serving this fault.
-                (Some(_), _) if dirty && matches!(data, Fill::InView) => Ok(()),
+                (Some(_), _) if (dirty || hashed) && matches!(data, Fill::InView) => Ok(()),
                 (Some(u), _) if matches!(data, Fill::InView) => u.write_protect(dst, n * b, true, true),
                 // The data is in the shadow (the unit's place or borrowed frames): move it in.
                 (Some(_), _) if a.shadow.is_some() && matches!(data, Fill::InPlace(_)) => {
@@ -1279,7 +1349,13 @@ impl Inner {
             if let Err(e) = r {
                 crate::fatal(format_args!("pagewise dlm: installing {dst:#x}+{:#x} failed: {e}", n * b));
             }
-            let entry = Entry { area: ai as u32, first: run_start as u32, count: n as u32, dirty, armed: false };
+            let clean_hash = hashed.then(|| {
+                st.stats.hashed_installs += 1;
+                // SAFETY: the reply was received into [dst, dst + n*b), present and readable.
+                unsafe { content_hash(self.hash_seed, dst, n * b) }
+            });
+            let entry =
+                Entry { area: ai as u32, first: run_start as u32, count: n as u32, dirty, clean_hash, armed: false };
             let Some(slot) = st.clock.insert(entry) else {
                 crate::fatal(format_args!("pagewise dlm: internal error: clock full"));
             };
@@ -1360,6 +1436,18 @@ fn arm_mapped(a: &Area, start: usize, len: usize, run: &mut Run) -> bool {
 /// and one TLB flush. That is what makes it pay: a move or write-protect of up to 33 pages
 /// invalidates the TLB entry of each page, at about 0.3 µs a page on this VM; beyond that
 /// the kernel flushes the whole TLB at once (x86 `tlb_single_page_flush_ceiling`).
+/// The hash a clean unit is remembered by (`Entry::clean_hash`): xxh3 keyed with the
+/// runtime's random seed. A written unit keeps its hash with probability 2^-64.
+///
+/// # Safety
+/// `[addr, addr + len)` must be mapped readable with its pages present: no load may fault
+/// (this runs in the SIGBUS handler with the runtime's lock held).
+unsafe fn content_hash(seed: u64, addr: usize, len: usize) -> u64 {
+    // SAFETY: the caller's range.
+    let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+    xxhash_rust::xxh3::xxh3_64_with_seed(bytes, seed)
+}
+
 /// Measured (UFFDIO_MOVE, 4 KiB pages): 32 pages 11.4 µs, 34 pages 4.9 µs, 256 pages 22 µs.
 ///
 /// Whoever makes one [`Run::flush`]es it before anything reads or reuses the pages it moves

@@ -70,19 +70,24 @@ impl Inner {
             let start = a_addr + e.first as usize * b;
             let len = e.count as usize * b;
             if e.armed {
-                // A known write to a clean unit is opened at once (no second, WP fault).
+                // A known write to a clean unit is opened at once (no second, WP fault); a
+                // hashed unit goes back as it was, writable.
                 let dirty = e.dirty || write;
                 let entry = st.clock.get_mut(slot as usize).expect("live");
                 entry.armed = false;
                 entry.dirty = dirty;
+                if dirty {
+                    entry.clean_hash = None;
+                }
+                let open = dirty || entry.clean_hash.is_some();
                 st.stats.reference_faults += 1;
-                self.map_again(st, ai, e.first as usize, start, len, dirty);
+                self.map_again(st, ai, e.first as usize, start, len, open);
                 return Served::Ours;
             }
             // Under SIGBUS the kind of fault is not known: a thread that faulted on an armed
             // unit together with the one that mapped it lands here and marks it dirty — a
-            // spare write-back, never a lost one.
-            if !e.dirty && (write || self.mode != FaultMode::HandlerThread) {
+            // spare write-back, never a lost one. A hashed unit is writable already.
+            if !e.dirty && e.clean_hash.is_none() && (write || self.mode != FaultMode::HandlerThread) {
                 st.clock.get_mut(slot as usize).expect("live").dirty = true;
                 st.stats.wp_faults += 1;
                 st.stats.opened_units += 1;
@@ -165,7 +170,7 @@ impl Inner {
             // write-protected: open it now instead of taking a second (WP) fault.
             let s = st.areas[ai].as_ref().expect("present").slot[page] as usize;
             if let Some(e) = st.clock.get_mut(s) {
-                if !e.dirty {
+                if !e.dirty && e.clean_hash.is_none() {
                     e.dirty = true;
                     let (start, len) = (a_addr + e.first as usize * b, e.count as usize * b);
                     st.stats.opened_units += 1;
@@ -198,17 +203,18 @@ impl Inner {
         Served::Ours
     }
 
-    /// Map an armed unit back into the program's view: write-protected while clean.
-    fn map_again(&self, st: &mut State, ai: usize, first: usize, start: usize, len: usize, dirty: bool) {
+    /// Map an armed unit back into the program's view: write-protected unless `open` (dirty,
+    /// or hashed).
+    fn map_again(&self, st: &mut State, ai: usize, first: usize, start: usize, len: usize, open: bool) {
         let shadow = st.areas[ai].as_ref().expect("present").shadow.as_ref().map(|m| m.addr());
         if let Some(sh) = shadow {
-            self.move_in(st, start, sh + first * self.cfg.base_page, len, dirty);
+            self.move_in(st, start, sh + first * self.cfg.base_page, len, open);
             return;
         }
         let r = match &self.uffd {
             // The unit's pages are in the memfd's page cache: a minor fault.
-            Some(u) => u.continue_wp(start, len, !dirty, true),
-            None => mprotect(start, len, if dirty { Protection::ReadWrite } else { Protection::Read }),
+            Some(u) => u.continue_wp(start, len, !open, true),
+            None => mprotect(start, len, if open { Protection::ReadWrite } else { Protection::Read }),
         };
         if let Err(e) = r {
             crate::fatal(format_args!("pagewise dlm: mapping {start:#x}+{len:#x} again failed: {e}"));

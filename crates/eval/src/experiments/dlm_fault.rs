@@ -563,11 +563,7 @@ impl Experiment for DlmFault {
                         report.figure(&format!("fault_vs_busy_pingpong_{k}k"), paired_ratio);
                         report.figure(&format!("pingpong_busy_poll_paired_{k}k_us"), sigbus_paired.p50_us);
                         figure_max(&mut report, "fault_vs_busy_pingpong_max", paired_ratio);
-                        figure_max(
-                            &mut report,
-                            "fault_vs_busy_pingpong_unpaired_max",
-                            ratio(s[3].p50_us, s[1].p50_us),
-                        );
+                        figure_max(&mut report, "fault_vs_busy_pingpong_unpaired_max", ratio(s[3].p50_us, s[1].p50_us));
                         figure_max(&mut report, "fault_vs_cold_pingpong_max", ratio(s[3].p50_us, s[6].p50_us));
                         if size == 16 * KIB {
                             report.figure("fault_vs_pingpong_16k", ratio(s[3].p50_us, s[0].p50_us));
