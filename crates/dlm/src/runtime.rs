@@ -42,7 +42,7 @@
 //! (`Config::hash_clean`): the runtime keeps a hash of their bytes (xxh3, keyed per runtime)
 //! and eviction hashes them again — equal: clean, dropped; different: written home. Protecting
 //! a few pages costs a TLB flush per page on this VM (`HASH_MAX`), on the fault's critical
-//! path, and their first write would cost a fault; hashing is cheaper up to 16 KiB and moves
+//! path, and their first write would cost a fault; hashing is cheaper up to 128 KiB and moves
 //! half its cost to eviction. A written unit keeps its hash with probability 2^-64. Eviction
 //! protects a hashed unit before hashing it when another thread could write it meanwhile, as
 //! for a write-back.
@@ -138,10 +138,10 @@ const VIEW_MIN: usize = 16 << 10;
 /// Largest unit installed hashed rather than write-protected (`Config::hash_clean`), and then
 /// received into the program's view from one page on. Write-protecting n ≤ 33 pages flushes
 /// them from the TLB one at a time (arch/x86/mm/tlb.c, tlb_single_page_flush_ceiling): 1.3 µs
-/// for one page, 2.0 µs for 4 and 5.0 µs for 16 on this VM, against 0.26 µs, 1.0 µs and 4.3 µs
-/// to hash them (xxh3, 16 GB/s). A hashed unit is hashed again when evicted, so beyond 16 KiB
-/// the two hashes cost more than the protect.
-const HASH_MAX: usize = 16 << 10;
+/// for one page, 2.0 µs for 4, 5.0 µs for 16 and about 9 µs for 32 on this VM; hashing them
+/// (xxh3 with AVX2, 17-30 GB/s as the host allows) takes 0.14-0.27 µs a page, twice over a
+/// unit's stay (install and eviction). From 34 pages on one full flush is cheaper.
+const HASH_MAX: usize = 128 << 10;
 
 use crate::clock::Clock;
 use crate::config::{Config, FaultMode};
@@ -1445,7 +1445,7 @@ fn arm_mapped(a: &Area, start: usize, len: usize, run: &mut Run) -> bool {
 unsafe fn content_hash(seed: u64, addr: usize, len: usize) -> u64 {
     // SAFETY: the caller's range.
     let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
-    xxhash_rust::xxh3::xxh3_64_with_seed(bytes, seed)
+    twox_hash::XxHash3_64::oneshot_with_seed(seed, bytes)
 }
 
 /// Measured (UFFDIO_MOVE, 4 KiB pages): 32 pages 11.4 µs, 34 pages 4.9 µs, 256 pages 22 µs.
