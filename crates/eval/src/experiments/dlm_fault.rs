@@ -22,12 +22,13 @@
 //! measured seconds apart differ by as much as the overhead being measured; within a block
 //! they ran under the same conditions. The unpaired ratio is kept as well.
 //!
-//! The SIGBUS mode runs
-//! three times in the same interleaved order: the default (a demand fault's reply received
-//! into the program's view itself, where evicted units' frames were moved while the request
-//! travelled, then write-protected), `Config::zero_copy` (memfd area, reply
-//! received into its page cache, mapped with UFFDIO_CONTINUE), and `Config::move_install`
-//! off (UFFDIO_COPY from a buffer: every page allocated and copied, as before UFFDIO_MOVE).
+//! The SIGBUS mode runs four times in the same interleaved order: the default (a demand
+//! fault's reply received into the program's view itself, where evicted units' frames were
+//! moved while the request travelled, then hashed up to 128 KiB and write-protected beyond),
+//! `Config::hash_clean` off (write-protected at every size), `Config::zero_copy` (memfd area,
+//! reply received into its page cache, mapped with UFFDIO_CONTINUE), and
+//! `Config::move_install` off (UFFDIO_COPY from a buffer: every page allocated and copied, as
+//! before UFFDIO_MOVE).
 
 use std::collections::BTreeSet;
 use std::time::Instant;
@@ -71,6 +72,8 @@ enum Install {
     ZeroCopy,
     /// `Config::move_install` off: UFFDIO_COPY from a buffer.
     Copy,
+    /// The default with `Config::hash_clean` off: every clean unit write-protected.
+    Protect,
 }
 
 impl Way {
@@ -83,6 +86,7 @@ impl Way {
             Way::Mode(FaultMode::Sigbus, Install::Move) => "fault, SIGBUS",
             Way::Mode(FaultMode::Sigbus, Install::ZeroCopy) => "fault, SIGBUS, zero-copy",
             Way::Mode(FaultMode::Sigbus, Install::Copy) => "fault, SIGBUS, UFFDIO_COPY",
+            Way::Mode(FaultMode::Sigbus, Install::Protect) => "fault, SIGBUS, write-protect clean units",
             Way::Mode(..) => "fault, other",
         }
     }
@@ -169,7 +173,8 @@ fn dlm_config(
         fault_mode: mode,
         readahead: ra,
         zero_copy: install == Install::ZeroCopy,
-        move_install: install == Install::Move,
+        move_install: matches!(install, Install::Move | Install::Protect),
+        hash_clean: install != Install::Protect,
         ..Config::default()
     }
 }
@@ -449,6 +454,7 @@ impl Experiment for DlmFault {
             Way::Mode(FaultMode::Sigbus, Install::ZeroCopy),
             Way::Mode(FaultMode::Sigbus, Install::Copy),
             Way::PingPongCold,
+            Way::Mode(FaultMode::Sigbus, Install::Protect),
         ];
         let stream_modes = [
             (FaultMode::HandlerThread, Install::Move),
@@ -470,6 +476,7 @@ impl Experiment for DlmFault {
             "SIGBUS p50 / p99 µs",
             "SIGBUS zero-copy p50 / p99 µs",
             "SIGBUS UFFDIO_COPY p50 / p99 µs",
+            "SIGBUS write-protect p50 / p99 µs",
             "best fault / plain TCP",
             "best fault / busy-poll TCP",
             "SIGBUS / busy-poll TCP, paired [95%]",
@@ -522,7 +529,7 @@ impl Experiment for DlmFault {
                     let paired_ratio = Summary::of(&blocks).median;
                     let paired_ci = median_ci95(&blocks);
                     // s: [plain TCP, busy-poll TCP, thread, SIGBUS, SIGBUS zero-copy, SIGBUS UFFDIO_COPY,
-                    //     busy-poll TCP into cold memory]
+                    //     busy-poll TCP into cold memory, SIGBUS write-protect]
                     let best = s[2].p50_us.min(s[3].p50_us);
                     lat_table.row([
                         pl.name.to_string(),
@@ -532,6 +539,7 @@ impl Experiment for DlmFault {
                         format!("{:.1} / {:.1}", s[3].p50_us, s[3].p99_us),
                         format!("{:.1} / {:.1}", s[4].p50_us, s[4].p99_us),
                         format!("{:.1} / {:.1}", s[5].p50_us, s[5].p99_us),
+                        format!("{:.1} / {:.1}", s[7].p50_us, s[7].p99_us),
                         format!("{:.2}", ratio(best, s[0].p50_us)),
                         format!("{:.2}", ratio(best, s[1].p50_us)),
                         match paired_ci {
@@ -555,6 +563,8 @@ impl Experiment for DlmFault {
                         report.figure(&format!("fault_sigbus_zero_copy_{k}k_us"), s[4].p50_us);
                         report.figure(&format!("fault_sigbus_uffdio_copy_{k}k_us"), s[5].p50_us);
                         report.figure(&format!("move_vs_uffdio_copy_{k}k"), ratio(s[3].p50_us, s[5].p50_us));
+                        report.figure(&format!("fault_sigbus_write_protect_{k}k_us"), s[7].p50_us);
+                        report.figure(&format!("hash_vs_write_protect_{k}k"), ratio(s[3].p50_us, s[7].p50_us));
                         report.figure(&format!("first_write_sigbus_{k}k_us"), wp[3].p50_us);
                         // The worst unit size against each baseline (issue 9: the busy-poll one).
                         figure_max(
@@ -583,7 +593,8 @@ impl Experiment for DlmFault {
                     }
                     data.push(json!({"placement": pl.name, "size": size, "pingpong_plain": s[0],
                         "pingpong_busy_poll": s[1], "thread": s[2], "sigbus": s[3], "sigbus_zero_copy": s[4],
-                        "sigbus_uffdio_copy": s[5], "pingpong_busy_poll_paired_with_sigbus": sigbus_paired,
+                        "sigbus_uffdio_copy": s[5], "sigbus_write_protect": s[7],
+                        "pingpong_busy_poll_paired_with_sigbus": sigbus_paired,
                         "sigbus_over_paired_block_ratios": blocks}));
                 }
                 if pl.name == placements[0].name {
@@ -684,9 +695,11 @@ impl Experiment for DlmFault {
              Config::zero_copy (memfd area, reply received into its page cache, UFFDIO_CONTINUE), \
              'UFFDIO_COPY' = Config::move_install off (every page allocated and copied in from the \
              reply buffer, the install before UFFDIO_MOVE; move_vs_uffdio_copy_Nk is the default's \
-             time over it), both measured in the same run as the default (\
+             time over it), 'write-protect' = Config::hash_clean off (clean units write-protected \
+             at every size, where the default hashes them up to 128 KiB; hash_vs_write_protect_Nk is \
+             the default's time over it), all measured in the same run as the default (\
              a demand fault's reply received into the program's view, where evicted units' frames were moved \
-             while the request travelled, then write-protected). The machine's 2 cores \
+             while the request travelled, then hashed or write-protected). The machine's 2 cores \
              are shared with other work: expect noise. stream_vs_tcp_ratio (target ≥ 0.7) is the median of \
              per-repetition ratios, SIGBUS stream over the TCP stream run just after it, with the 95% \
              interval of that median (_ci95_low/_high; binomial order statistics).",
