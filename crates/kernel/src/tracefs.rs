@@ -88,15 +88,37 @@ pub fn event_exists(root: &Path, system: &str, event: &str) -> bool {
 
 static NEXT_INSTANCE: AtomicU32 = AtomicU32::new(0);
 
+/// The process an instance name made by [`Instance::create`] (`pagewise-<pid>-<n>`) belongs to.
+fn instance_owner(name: &str) -> Option<i32> {
+    let (pid, n) = name.strip_prefix("pagewise-")?.split_once('-')?;
+    n.parse::<u32>().ok()?;
+    pid.parse().ok().filter(|&p| p > 0)
+}
+
+/// Remove the instances under `instances` whose pagewise process is gone (best effort: an
+/// instance busy in another reader stays).
+fn remove_orphans(instances: &Path) {
+    let Ok(dir) = std::fs::read_dir(instances) else { return };
+    for entry in dir.flatten() {
+        let owner = instance_owner(&entry.file_name().to_string_lossy());
+        if owner.is_some_and(|pid| !crate::signal::process_alive(pid)) {
+            let _ = std::fs::remove_dir(entry.path());
+        }
+    }
+}
+
 /// A private trace instance, removed by the guard that created it.
 pub struct Instance {
     dir: PathBuf,
 }
 
 impl Instance {
-    /// Create an instance (mounting tracefs first if needed).
+    /// Create an instance (mounting tracefs first if needed). Instances of pagewise processes
+    /// that no longer exist are removed first: a process killed before its guard ran leaves
+    /// its instance recording, with its buffers allocated, until someone does.
     pub fn create(guard: &SettingsGuard) -> Result<Self> {
         let root = mount_if_absent(guard)?;
+        remove_orphans(&root.join("instances"));
         let name = format!("pagewise-{}-{}", std::process::id(), NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed));
         let dir = root.join("instances").join(name);
         std::fs::create_dir(&dir).map_err(|source| Error::Write {
@@ -239,6 +261,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn instance_names_name_their_process() {
+        assert_eq!(instance_owner("pagewise-24258-2"), Some(24258));
+        assert_eq!(instance_owner("pagewise-1-0"), Some(1));
+        for other in ["pagewise-24258", "pagewise-x-2", "pagewise-0-1", "pagewise-12-y", "perf-12-3", "pagewise--1-2"] {
+            assert_eq!(instance_owner(other), None, "{other}");
+        }
+    }
+
+    #[test]
     fn parses_event_lines() {
         let e =
             parse_trace_line("         kswapd0-48      [001] d..1.   123.456789: mm_vmscan_kswapd_wake: nid=0 order=0")
@@ -289,6 +320,33 @@ mod tests {
         assert!(inst.drain().unwrap().is_empty());
         drop(guard);
         assert!(!dir.exists(), "instance removed by the guard");
+    }
+
+    #[test]
+    fn instance_of_a_dead_process_is_removed_and_a_live_ones_kept() {
+        let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        if !supported() {
+            crate::testing::skip("no tracefs");
+            return;
+        }
+        let guard = SettingsGuard::new_without_signal_handler();
+        let live = match Instance::create(&guard) {
+            Ok(i) => i,
+            Err(e) => {
+                crate::testing::skip(format!("cannot create a trace instance: {e}"));
+                return;
+            }
+        };
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let orphan = live.dir().parent().unwrap().join(format!("pagewise-{dead}-0"));
+        std::fs::create_dir(&orphan).unwrap();
+        let second = Instance::create(&guard).unwrap();
+        let gone = !orphan.exists();
+        let _ = std::fs::remove_dir(&orphan);
+        assert!(gone, "the dead process's instance is still there");
+        assert!(live.dir().is_dir() && second.dir().is_dir());
     }
 
     #[test]
