@@ -975,6 +975,7 @@ impl Inner {
             let a = st.areas[ai].as_mut().expect("live");
             a.home_written[first..first + count].iter_mut().for_each(|w| *w = true);
         }
+        let keeps_frames = self.keeps_frames(st, len);
         let a = st.areas[ai].as_mut().expect("live");
         let shadow = a.shadow.as_ref().map(|m| m.addr() + first * b);
         // Another unit's reply is being received into frames at this unit's place: its pages
@@ -992,7 +993,7 @@ impl Inner {
                 Ok(())
             }
             // Frames a unit will be received into go to the shadow, to be reused.
-            (None, None, Some(sh)) if self.keeps_frames(len) && !place_taken => {
+            (None, None, Some(sh)) if keeps_frames && !place_taken => {
                 st.frames.remove_within(sh, len, free_frames);
                 kept = Some(sh);
                 run.move_to_shadow_later(start, sh, len);
@@ -1028,10 +1029,16 @@ impl Inner {
     }
 
     /// Whether an evicted unit of `len` bytes leaves its frames in the shadow for a later reply
-    /// to be received into (`reply_target`): under SIGBUS from `VIEW_MIN` on (demand faults are
-    /// received into the program's view), else from `MOVE_MIN` on.
-    fn keeps_frames(&self, len: usize) -> bool {
-        self.cfg.move_install && (len >= MOVE_MIN || self.mode == FaultMode::Sigbus && len >= self.view_min())
+    /// to be received into (`reply_target`): in a program with one thread (replies are received
+    /// into frames only there), under SIGBUS from `view_min` on (demand faults are received into
+    /// the program's view), else from `MOVE_MIN` on. Otherwise the pages are dropped, many
+    /// victims with one call: moving each to the shadow and freeing it there when it is not
+    /// needed made the solver with 4 KiB units at 10% and 5% local memory 5-6× slower
+    /// (`pagewise eval dlm-autotune`, whose solver shares its process with other threads).
+    fn keeps_frames(&self, st: &mut State, len: usize) -> bool {
+        self.cfg.move_install
+            && (len >= MOVE_MIN || self.mode == FaultMode::Sigbus && len >= self.view_min())
+            && self.sole_program_thread(st)
     }
 
     /// Keep the shadow frames `[addr, addr + len)` for the next fetch; false when the resident
