@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{in_child, run_child, ServerProc};
+use common::with_server;
 use pagewise_dlm::{Config, Dlm, FaultMode};
 
 const UNIT: usize = 16 << 10;
@@ -137,23 +137,16 @@ fn stores_survive_eviction_with_a_second_thread() {
     dlm.audit().unwrap();
 }
 
+/// The runtime receives into the program's view, and hashes, only in a program with one
+/// thread: not the test harness, so the scenario runs in a forked child.
 fn run(name: &str, scenario: fn()) {
-    if in_child() {
-        // The runtime receives into the program's view, and hashes, only in a program with
-        // one thread: not the test harness, so the scenario runs in a forked child.
+    with_server(name, || {
         let out = pagewise_kernel::fork::in_single_threaded_child(|| {
             scenario();
             b"OK".to_vec()
         });
         assert_eq!(out.expect("the scenario's process"), b"OK");
-        println!("SCENARIO-OK");
-        return;
-    }
-    let server = ServerProc::start("64M");
-    let out = run_child(name, &[("DLM_TEST_SERVER", server.addr.clone())]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && stdout.contains("SCENARIO-OK"), "child failed:\n{stdout}\n{stderr}");
+    });
 }
 
 #[test]

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{in_child, run_child, ServerProc};
+use common::with_server;
 use pagewise_dlm::{Config, Dlm, FaultMode};
 
 const UNIT: usize = 16 << 10;
@@ -65,19 +65,10 @@ fn scenario(mode: FaultMode) {
         }
     }
     dlm.audit().unwrap();
-    println!("SCENARIO-OK");
 }
 
 fn run(mode: FaultMode, name: &str) {
-    if in_child() {
-        scenario(mode);
-        return;
-    }
-    let server = ServerProc::start("64M");
-    let out = run_child(name, &[("DLM_TEST_SERVER", server.addr.clone())]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && stdout.contains("SCENARIO-OK"), "child failed:\n{stdout}\n{stderr}");
+    with_server(name, || scenario(mode));
 }
 
 #[test]

@@ -296,21 +296,20 @@ mod tests {
     /// cause in the mount's sharing is not yet known.
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+    /// A new instance under `guard`, or None (said as a skip) where tracefs cannot give one.
+    fn instance_or_skip(guard: &SettingsGuard) -> Option<Instance> {
+        if !supported() {
+            crate::testing::skip("no tracefs");
+            return None;
+        }
+        Instance::create(guard).map_err(|e| crate::testing::skip(format!("cannot create a trace instance: {e}"))).ok()
+    }
+
     #[test]
     fn instance_records_vmscan_events_with_cpu() {
         let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-        if !supported() {
-            crate::testing::skip("no tracefs");
-            return;
-        }
         let guard = SettingsGuard::new_without_signal_handler();
-        let inst = match Instance::create(&guard) {
-            Ok(i) => i,
-            Err(e) => {
-                crate::testing::skip(format!("cannot create a trace instance: {e}"));
-                return;
-            }
-        };
+        let Some(inst) = instance_or_skip(&guard) else { return };
         let dir = inst.dir().to_path_buf();
         // mm_vmscan_memcg_* and shrink events need pressure; an enable/disable round trip and
         // an empty drain must work without it.
@@ -325,18 +324,8 @@ mod tests {
     #[test]
     fn instance_of_a_dead_process_is_removed_and_a_live_ones_kept() {
         let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-        if !supported() {
-            crate::testing::skip("no tracefs");
-            return;
-        }
         let guard = SettingsGuard::new_without_signal_handler();
-        let live = match Instance::create(&guard) {
-            Ok(i) => i,
-            Err(e) => {
-                crate::testing::skip(format!("cannot create a trace instance: {e}"));
-                return;
-            }
-        };
+        let Some(live) = instance_or_skip(&guard) else { return };
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let dead = child.id();
         child.wait().unwrap();

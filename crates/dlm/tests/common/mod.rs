@@ -104,3 +104,19 @@ pub fn run_child(name: &str, env: &[(&str, String)]) -> Output {
 pub fn in_child() -> bool {
     std::env::var_os("DLM_CHILD").is_some()
 }
+
+/// Run `scenario` as test `name`: the test starts a memory server (64 MiB) and runs itself
+/// again in a child process (`run_child`) with the server's address in `DLM_TEST_SERVER`; the
+/// child runs `scenario` and says SCENARIO-OK when it returns.
+pub fn with_server(name: &str, scenario: impl FnOnce()) {
+    if in_child() {
+        scenario();
+        println!("SCENARIO-OK");
+        return;
+    }
+    let server = ServerProc::start("64M");
+    let out = run_child(name, &[("DLM_TEST_SERVER", server.addr.clone())]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stdout.contains("SCENARIO-OK"), "child failed:\n{stdout}\n{stderr}");
+}
