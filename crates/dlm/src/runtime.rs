@@ -31,9 +31,9 @@
 //! Pages are installed write-protected (UFFDIO_COPY mode WP; PROT_READ in the SIGSEGV mode); the
 //! first write faults, marks the unit dirty and un-protects it. A unit fetched for a fault
 //! known to be a write (the x86 error code under SIGBUS, the message's flag under the handler
-//! thread) is installed writable and dirty at once: one fault and no protect-then-open. Eviction of a dirty unit
-//! write-protects it again *before* reading it for write-back, so a concurrent writer waits for
-//! the handler and never loses a store. UFFD_FEATURE_WP_ASYNC would resolve WP faults in the
+//! thread) is installed writable and dirty at once: one fault and no protect-then-open.
+//! Eviction of a dirty unit write-protects it again *before* reading it for write-back, so a
+//! concurrent writer waits for the handler and never loses a store. UFFD_FEATURE_WP_ASYNC would resolve WP faults in the
 //! kernel, cheaper per first write, but then nothing holds a writer back between the write-back
 //! read and MADV_DONTNEED, which loses updates from other threads (`examples/dlm_local_fault.rs`
 //! measures both costs).
