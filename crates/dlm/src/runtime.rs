@@ -925,12 +925,15 @@ impl Inner {
                 crate::fatal(format_args!("pagewise dlm: write-protecting {start:#x}+{len:#x} failed: {err}"));
             }
         };
+        if e.dirty || e.clean_hash.is_some() {
+            // The unit's data is read below, an armed unit's from its place in the shadow: be
+            // sure it is there.
+            run.flush();
+        }
         let mut protected = false;
         let written = match e.clean_hash {
             None => e.dirty,
             Some(h) => {
-                // An armed unit's data is read from its place in the shadow: be sure it is there.
-                run.flush();
                 if !e.armed && !self.sole_program_thread(st) {
                     protect(start, len);
                     protected = true;
@@ -947,8 +950,6 @@ impl Inner {
             }
         };
         if written {
-            // An armed unit's data is read from its place in the shadow: be sure it is there.
-            run.flush();
             if !protected {
                 protect(start, len);
             }
