@@ -21,6 +21,7 @@ pub enum Opcode {
     Read = 3,
     Write = 4,
     Stats = 5,
+    Discard = 6,
 }
 
 impl Opcode {
@@ -31,6 +32,7 @@ impl Opcode {
             3 => Opcode::Read,
             4 => Opcode::Write,
             5 => Opcode::Stats,
+            6 => Opcode::Discard,
             _ => return None,
         })
     }

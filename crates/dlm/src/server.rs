@@ -16,7 +16,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use pagewise_kernel::mem::{MapOptions, Mapping};
+use pagewise_kernel::mem::{madvise, Advice, MapOptions, Mapping};
 use serde::Serialize;
 
 use crate::proto::{Header, Opcode, Status, HEADER_LEN, MAX_BASE_PAGE, MAX_PAYLOAD, MIN_BASE_PAGE};
@@ -391,6 +391,22 @@ impl Conn<'_> {
                 let data = unsafe { std::slice::from_raw_parts_mut(r.mem.as_ptr().add(off as usize), len) };
                 self.stream.read_exact(data)?;
                 self.shared.counters.bytes_in.fetch_add(len as u64, Ordering::Relaxed);
+                self.reply(h, Status::Ok, &[])?;
+            }
+            Opcode::Discard => {
+                if h.length != 0 {
+                    return self.error(h, Status::BadSize, "DISCARD takes no payload", true);
+                }
+                let (off, len) = match self.range(h) {
+                    Ok(x) => x,
+                    Err((s, m)) => return self.error(h, s, &m, false),
+                };
+                let r = &self.regions[&h.region];
+                // Base pages are whole pages (MIN_BASE_PAGE), so the range is page-aligned:
+                // MADV_DONTNEED frees it and it reads as zeros again.
+                if let Err(e) = madvise(r.mem.addr() + off as usize, len, Advice::DontNeed) {
+                    return self.error(h, Status::Server, &e.to_string(), false);
+                }
                 self.reply(h, Status::Ok, &[])?;
             }
             Opcode::Stats => {

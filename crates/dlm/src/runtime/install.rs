@@ -1,0 +1,461 @@
+//! Bringing units in: requesting a unit's missing pages, deciding where its reply is received
+//! (the program's view, the shadow, the memfd's alias or the buffer), and installing it —
+//! copied, moved in from the shadow, or mapped — write-protected or hashed. Module doc of
+//! `runtime.rs`: "Installing pages".
+
+use pagewise_kernel::mem::{madvise, mprotect, Advice, Protection};
+
+use super::evict::{content_hash, free_frames};
+use super::remote::{Pending, ReplyInto};
+use super::{Entry, Inner, State, HASH_MAX, INFLIGHT, MOVE_MIN, NONE, VIEW_MIN};
+use crate::config::FaultMode;
+use crate::proto::{Header, Opcode};
+
+impl Inner {
+    /// Smallest unit whose demand fault's reply is received into the program's view: any
+    /// when it is then hashed instead of write-protected (`HASH_MAX`), else `VIEW_MIN`.
+    pub(super) fn view_min(&self) -> usize {
+        if self.cfg.hash_clean {
+            self.cfg.base_page
+        } else {
+            VIEW_MIN
+        }
+    }
+
+    /// Where the reply for a wholly missing unit whose place in its area's shadow is `place`
+    /// is received, decided before its request leaves (cheap: no page is touched):
+    /// - the unit's own frames, still at its place: received there;
+    /// - else one kept run of frames as large as the unit, *borrowed* where it lies (received
+    ///   there and moved straight into the program's view: one move less than gathering it to
+    ///   the place first — a stream's evicted units leave exactly such runs);
+    /// - else the place, filled by [`Inner::fill_place`] while the request travels;
+    /// - None when the place holds frames borrowed by another reply in flight and no run can be
+    ///   borrowed: the reply is copied in (UFFDIO_COPY) instead.
+    pub(super) fn receive_target(&self, st: &mut State, place: usize, len: usize) -> Option<ReceiveAt> {
+        let place_free = !overlaps(&st.borrowed, place, len);
+        if place_free && st.frames.take_in_place(place, len) {
+            return Some(ReceiveAt::Ready(place));
+        }
+        if st.borrowed.len() < st.borrowed.capacity() {
+            // From the run's start: a read-ahead batch's units get adjacent frames in their
+            // order, and arrived replies are moved in together (`install_arrived`).
+            if let Some(addr) = st.frames.take_head(len) {
+                st.borrowed.push((addr, len));
+                st.stats.borrowed_receives += 1;
+                return Some(ReceiveAt::Ready(addr));
+            }
+        }
+        place_free.then_some(ReceiveAt::Fill(place))
+    }
+
+    /// Fill `[dst, dst + len)`, a unit's place in its area's shadow, with kept frames (moved
+    /// there) and fresh pages for the rest, so that the reply is received into pages that
+    /// exist. Runs while the request travels.
+    pub(super) fn fill_place(&self, st: &mut State, dst: usize, len: usize) {
+        st.frames.remove_within(dst, len, free_frames);
+        let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
+        let mut off = 0;
+        while off < len {
+            let Some((src, n)) = st.frames.pop(len - off) else { break };
+            if let Err(err) = uffd.move_pages(dst + off, src, n, false, true) {
+                crate::fatal(format_args!("pagewise dlm: reusing frames {src:#x}+{n:#x} failed: {err}"));
+            }
+            off += n;
+        }
+        if off < len {
+            if let Err(err) = madvise(dst + off, len - off, Advice::PopulateWrite) {
+                crate::fatal(format_args!("pagewise dlm: allocating {:#x}+{:#x} failed: {err}", dst + off, len - off));
+            }
+        }
+    }
+
+    /// Whether the program cannot touch memory while the runtime holds its lock: the program
+    /// has one thread, and it is the one in the runtime (or waiting on the fault the handler
+    /// thread serves). Only then may a clean unit be moved in — moved pages arrive writable
+    /// and are write-protected just after (`frames.rs`). Found once per holding of the lock:
+    /// a program with one thread cannot start another while that thread is in here.
+    pub(super) fn sole_program_thread(&self, st: &mut State) -> bool {
+        let own = if self.mode == FaultMode::HandlerThread { 2 } else { 1 };
+        *st.sole_thread
+            .get_or_insert_with(|| self.threads.as_ref().and_then(|t| t.get().ok()).is_some_and(|n| n <= own))
+    }
+
+    /// Map the shadow's `[src, src + len)` at `[dst, dst + len)` in the program's view,
+    /// write-protected unless `dirty`: moved when nothing can write to it meanwhile (gathered
+    /// with its neighbours while a fault takes its replies, `MoveIns`), else copied
+    /// (UFFDIO_COPY mode WP) and the shadow frames kept.
+    pub(super) fn move_in(&self, st: &mut State, dst: usize, src: usize, len: usize, dirty: bool) {
+        if !(dirty || self.sole_program_thread(st)) {
+            let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
+            // SAFETY: the shadow range is populated (received into, or an armed unit's pages)
+            // and readable.
+            if let Err(err) = unsafe { uffd.copy(dst, src as *const u8, len, true, true) } {
+                crate::fatal(format_args!("pagewise dlm: installing {dst:#x}+{len:#x} failed: {err}"));
+            }
+            if !self.keep_frames(st, src, len) {
+                free_frames(src, len);
+            }
+            return;
+        }
+        st.stats.moved_units += 1;
+        if dirty || !st.move_ins.gathering {
+            return self.move_in_now(dst, src, len, dirty);
+        }
+        if st.move_ins.joins(dst, src) {
+            st.stats.joined_move_ins += 1;
+        } else if let Some((d, s, l)) = st.move_ins.take() {
+            self.move_in_now(d, s, l, false);
+        }
+        st.move_ins.add(dst, src, len);
+    }
+
+    /// Move pages in from the shadow, write-protect them unless `dirty`, and wake whoever
+    /// waits on them.
+    pub(super) fn move_in_now(&self, dst: usize, src: usize, len: usize, dirty: bool) {
+        let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
+        let r = uffd
+            .move_pages(dst, src, len, false, false)
+            // Protecting never wakes (fs/userfaultfd.c wakes only on un-protecting).
+            .and_then(|()| if dirty { Ok(()) } else { uffd.write_protect(dst, len, true, true) })
+            .and_then(|()| uffd.wake(dst, len));
+        if let Err(err) = r {
+            crate::fatal(format_args!("pagewise dlm: installing {dst:#x}+{len:#x} failed: {err}"));
+        }
+    }
+
+    /// Install the units gathered since [`MoveIns::gather`], and stop gathering.
+    pub(super) fn move_in_gathered(&self, st: &mut State) {
+        if let Some((d, s, l)) = st.move_ins.finish() {
+            self.move_in_now(d, s, l, false);
+        }
+    }
+
+    /// Request the non-resident pages of unit [first, first+count) of area `ai`, for a demand
+    /// fault or read-ahead (zeros are installed at once; others get a READ). `open`: the
+    /// demand fault is a known write to this page, so the part of the unit holding it is
+    /// installed writable and dirty: no write-protect now and no opening after.
+    pub(super) fn request(
+        &self,
+        st: &mut State,
+        ai: usize,
+        first: usize,
+        count: usize,
+        readahead: bool,
+        open: Option<usize>,
+    ) {
+        let b = self.cfg.base_page;
+        let count_missing = |st: &State| {
+            st.areas[ai].as_ref().expect("live").slot[first..first + count].iter().filter(|&&s| s == NONE).count()
+        };
+        let mut missing = count_missing(st);
+        if missing == 0 {
+            return;
+        }
+        // Making room may evict resident pages of this very unit (units of an older set count
+        // inside it), which then are missing too: repeat until the count is stable.
+        loop {
+            self.make_room(st, missing * b);
+            let now = count_missing(st);
+            if now == missing {
+                break;
+            }
+            missing = now;
+        }
+        let a = st.areas[ai].as_mut().expect("live");
+        let needs_home = (first..first + count).any(|p| a.slot[p] == NONE && a.home_written[p]);
+        for p in first..first + count {
+            if a.slot[p] == NONE {
+                a.slot[p] = INFLIGHT;
+            }
+        }
+        st.resident += missing * b;
+        st.stats.peak_resident_bytes = st.stats.peak_resident_bytes.max(st.resident);
+        if !needs_home {
+            st.stats.zero_units += 1;
+            self.install(st, ai, first, count, Fill::Zeros, open);
+            return;
+        }
+        let (srv, spage) = a.layout.home(first);
+        let mut h = Header::request(Opcode::Read, 0);
+        h.region = a.regions[srv];
+        h.page = spage as u64;
+        h.set_count = count as u32;
+        let (start, len) = (a.addr + first * b, count * b);
+        let sent = st.queue_read(srv, h, start, len);
+        if !readahead {
+            // A demand fault waits for this reply: it leaves now.
+            st.flush(srv, start, len);
+        }
+        // While the request travels: where its reply is received, and the pages it is
+        // received into made to exist. Nothing in between takes a reply, so the entry still
+        // joins the queue in the order the request left.
+        let into = self.reply_target(st, ai, first, count, missing, readahead);
+        st.conns[srv].pending.push_back(Pending::Read { area: ai as u32, first, count, into, sent, open });
+        if readahead {
+            st.stats.readahead_units += 1;
+        }
+    }
+
+    /// Where the reply for unit `[first, first + count)` of area `ai` (`missing` of its pages
+    /// not resident), requested just now, is received, with the pages it is received into made
+    /// to exist. In place needs the whole unit missing: the reply then lands as is
+    /// - in the program's view (`ReplyInto::View`): a demand fault on the faulting thread
+    ///   (SIGBUS) of a program with no other thread, which cannot run before the reply is
+    ///   installed; units of `VIEW_MIN` and more. Only the write-protect is left for after
+    ///   the reply. Not for read-ahead: the program runs on before that reply arrives;
+    /// - in the memfd's page cache through the alias (zero-copy), mapped with UFFDIO_CONTINUE;
+    /// - in the shadow (units of `MOVE_MIN` and more, program with one thread), moved in.
+    ///
+    /// Else in the runtime's buffer, copied in (UFFDIO_COPY).
+    pub(super) fn reply_target(
+        &self,
+        st: &mut State,
+        ai: usize,
+        first: usize,
+        count: usize,
+        missing: usize,
+        readahead: bool,
+    ) -> ReplyInto {
+        if missing != count {
+            return ReplyInto::Buffer;
+        }
+        let b = self.cfg.base_page;
+        let a = st.areas[ai].as_ref().expect("live");
+        let (start, len) = (a.addr + first * b, count * b);
+        if let Some((alias, _)) = a.alias.as_ref().filter(|_| self.zero_copy) {
+            let at = alias.addr() + first * b;
+            if let Err(e) = madvise(at, len, Advice::PopulateWrite) {
+                crate::fatal(format_args!("pagewise dlm: allocating {start:#x}+{len:#x} failed: {e}"));
+            }
+            return ReplyInto::Runtime(at);
+        }
+        let Some(place) = a.shadow.as_ref().filter(|_| self.cfg.move_install).map(|m| m.addr() + first * b) else {
+            return ReplyInto::Buffer;
+        };
+        let to_view = !readahead && self.mode == FaultMode::Sigbus && len >= self.view_min();
+        if !(to_view || len >= MOVE_MIN) || !self.sole_program_thread(st) {
+            return ReplyInto::Buffer;
+        }
+        if to_view {
+            self.fill_view(st, place, start, len);
+            return ReplyInto::View;
+        }
+        match self.receive_target(st, place, len) {
+            Some(ReceiveAt::Ready(at)) => ReplyInto::Runtime(at),
+            Some(ReceiveAt::Fill(at)) => {
+                self.fill_place(st, at, len);
+                ReplyInto::Runtime(at)
+            }
+            None => ReplyInto::Buffer,
+        }
+    }
+
+    /// Put pages at `[view, view + len)`, a wholly missing unit of the program's view whose
+    /// reply is to be received there (`ReplyInto::View`): its own kept frames from its `place`
+    /// in the shadow, else kept runs from anywhere, else fresh pages. All moved or copied in
+    /// writable and without waking anyone; `install` write-protects them once the data is in
+    /// (unless the fault is a known write).
+    pub(super) fn fill_view(&self, st: &mut State, place: usize, view: usize, len: usize) {
+        st.stats.view_receives += 1;
+        let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
+        let move_in = |dst: usize, src: usize, n: usize| {
+            if let Err(err) = uffd.move_pages(dst, src, n, false, false) {
+                crate::fatal(format_args!("pagewise dlm: moving frames {src:#x}+{n:#x} to {dst:#x} failed: {err}"));
+            }
+        };
+        if !overlaps(&st.borrowed, place, len) && st.frames.take_in_place(place, len) {
+            move_in(view, place, len);
+            return;
+        }
+        let mut off = 0;
+        while off < len {
+            let Some((src, n)) = st.frames.pop(len - off) else { break };
+            move_in(view + off, src, n);
+            off += n;
+        }
+        if off < len {
+            // SAFETY: `zeros` is a block long, at least as long as any unit.
+            if let Err(err) = unsafe { uffd.copy(view + off, st.zeros.as_ptr(), len - off, false, false) } {
+                crate::fatal(format_args!("pagewise dlm: allocating {:#x}+{:#x} failed: {err}", view + off, len - off));
+            }
+        }
+    }
+
+    /// Install the in-flight pages of a unit, write-protected — except the run holding page
+    /// `open`, the page of a known write (`request`), which is installed writable and dirty.
+    pub(super) fn install(
+        &self,
+        st: &mut State,
+        ai: usize,
+        first: usize,
+        count: usize,
+        data: Fill<'_>,
+        open: Option<usize>,
+    ) {
+        let b = self.cfg.base_page;
+        let mut p = first;
+        while p < first + count {
+            if st.areas[ai].as_ref().expect("live").slot[p] != INFLIGHT {
+                p += 1;
+                continue;
+            }
+            let run_start = p;
+            while p < first + count && st.areas[ai].as_ref().expect("live").slot[p] == INFLIGHT {
+                p += 1;
+            }
+            let n = p - run_start;
+            let off = (run_start - first) * b;
+            let dirty = open.is_some_and(|o| (run_start..p).contains(&o));
+            // Received into the view by the program's one thread: hashed, not protected.
+            let hashed = !dirty && self.cfg.hash_clean && matches!(data, Fill::InView) && n * b <= HASH_MAX;
+            let src = match data {
+                Fill::Data(d) => d[off..off + n * b].as_ptr(),
+                Fill::Zeros | Fill::InPlace(_) | Fill::InView => st.zeros.as_ptr(),
+            };
+            let a = st.areas[ai].as_ref().expect("live");
+            let dst = a.addr + run_start * b;
+            let r = match (&self.uffd, &a.staging) {
+                // Received into the program's view itself (`ReplyInto::View`), where it is
+                // writable: write-protect unless dirty. Protecting never wakes
+                // (fs/userfaultfd.c), nor has it anyone to wake: the program's one thread is
+                // the one serving this fault.
+                (Some(_), _) if (dirty || hashed) && matches!(data, Fill::InView) => Ok(()),
+                (Some(u), _) if matches!(data, Fill::InView) => u.write_protect(dst, n * b, true, true),
+                // The data is in the shadow (the unit's place or borrowed frames): move it in.
+                (Some(_), _) if a.shadow.is_some() && matches!(data, Fill::InPlace(_)) => {
+                    let Fill::InPlace(at) = data else { unreachable!("matched above") };
+                    self.move_in(st, dst, at + off, n * b, dirty);
+                    Ok(())
+                }
+                // The data is already in the memfd's page cache: map it.
+                (Some(u), _) if matches!(data, Fill::InPlace(_)) => u.continue_wp(dst, n * b, !dirty, true),
+                (Some(u), _) => {
+                    // SAFETY: src points at n*b readable bytes (the reply buffer or zeros,
+                    // both at least one block long).
+                    unsafe { u.copy(dst, src, n * b, !dirty, true) }.map(|_| ())
+                }
+                (None, Some((stage, _))) => {
+                    // SAFETY: the staging view covers the area; these pages are not yet
+                    // readable through the program's view, so nobody observes the copy.
+                    unsafe { std::ptr::copy_nonoverlapping(src, (stage.addr() + run_start * b) as *mut u8, n * b) };
+                    mprotect(dst, n * b, if dirty { Protection::ReadWrite } else { Protection::Read })
+                }
+                (None, None) => unreachable!("an area has a uffd or a staging view"),
+            };
+            if let Err(e) = r {
+                crate::fatal(format_args!("pagewise dlm: installing {dst:#x}+{:#x} failed: {e}", n * b));
+            }
+            let clean_hash = hashed.then(|| {
+                st.stats.hashed_installs += 1;
+                // SAFETY: the reply was received into [dst, dst + n*b), present and readable.
+                unsafe { content_hash(self.hash_seed, dst, n * b) }
+            });
+            let entry =
+                Entry { area: ai as u32, first: run_start as u32, count: n as u32, dirty, clean_hash, armed: false };
+            let Some(slot) = st.clock.insert(entry) else {
+                crate::fatal(format_args!("pagewise dlm: internal error: clock full"));
+            };
+            let a = st.areas[ai].as_mut().expect("live");
+            a.slot[run_start..p].iter_mut().for_each(|s| *s = slot as u32);
+        }
+    }
+}
+
+/// Where a reply received in place lands (`Inner::receive_target`).
+#[derive(Clone, Copy)]
+pub(super) enum ReceiveAt {
+    /// Pages are there already.
+    Ready(usize),
+    /// The pages are to be made to exist there while the request travels.
+    Fill(usize),
+}
+
+/// Whether `[addr, addr + len)` overlaps any of `ranges`.
+pub(super) fn overlaps(ranges: &[(usize, usize)], addr: usize, len: usize) -> bool {
+    ranges.iter().any(|&(a, l)| a < addr + len && addr < a + l)
+}
+
+/// Clean units moved from the shadow into the program's view, gathered while adjacent in both,
+/// so that a stream's replies taken together are moved in and write-protected with one system
+/// call each, and one TLB flush ([`Run`] says why that pays). Only between `gather` and
+/// `finish`, which `Inner::serve` brackets around taking replies; nothing in between reads
+/// the gathered ranges of the view or the shadow.
+#[derive(Default)]
+pub(crate) struct MoveIns {
+    pub(super) gathering: bool,
+    dst: usize,
+    src: usize,
+    len: usize,
+}
+
+impl MoveIns {
+    pub(crate) fn gather(&mut self) {
+        debug_assert!(self.len == 0, "nothing left over from the last gathering");
+        self.gathering = true;
+    }
+
+    /// Whether pages moving from `src` to `dst` continue the range gathered so far.
+    pub(super) fn joins(&self, dst: usize, src: usize) -> bool {
+        self.len > 0 && self.dst + self.len == dst && self.src + self.len == src
+    }
+
+    /// Gather `[src, src + len)` moving to `[dst, dst + len)`: joined to the range gathered
+    /// so far, or a new range if that is empty (the caller [`MoveIns::take`]s it first).
+    pub(super) fn add(&mut self, dst: usize, src: usize, len: usize) {
+        if self.joins(dst, src) {
+            self.len += len;
+        } else {
+            debug_assert!(self.len == 0, "a range that does not join is taken first");
+            (self.dst, self.src, self.len) = (dst, src, len);
+        }
+    }
+
+    /// The range gathered, to be moved in now; gathering goes on.
+    pub(super) fn take(&mut self) -> Option<(usize, usize, usize)> {
+        let r = (self.len > 0).then_some((self.dst, self.src, self.len));
+        self.len = 0;
+        r
+    }
+
+    /// Stop gathering; the range gathered, to be moved in now.
+    pub(super) fn finish(&mut self) -> Option<(usize, usize, usize)> {
+        self.gathering = false;
+        self.take()
+    }
+}
+
+/// Where the data of pages being installed comes from.
+#[derive(Clone, Copy)]
+pub(super) enum Fill<'a> {
+    /// Zeros (never written home).
+    Zeros,
+    /// A reply in a buffer (copied in).
+    Data(&'a [u8]),
+    /// Received where it is to be mapped from: at this address of the shadow (moved in), or of
+    /// the alias (already in the memfd's page cache, zero-copy).
+    InPlace(usize),
+    /// Received into the program's view itself (`ReplyInto::View`).
+    InView,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MoveIns;
+
+    #[test]
+    pub(super) fn move_ins_join_only_ranges_adjacent_in_both_mappings() {
+        let mut m = MoveIns::default();
+        m.gather();
+        assert!(!m.joins(0x10000, 0x90000), "nothing gathered yet");
+        m.add(0x10000, 0x90000, 0x1000);
+        assert!(m.joins(0x11000, 0x91000));
+        m.add(0x11000, 0x91000, 0x2000);
+        assert!(!m.joins(0x13000, 0x95000), "adjacent in the view, not in the shadow");
+        assert!(!m.joins(0x14000, 0x93000), "adjacent in the shadow, not in the view");
+        assert_eq!(m.take(), Some((0x10000, 0x90000, 0x3000)));
+        m.add(0x13000, 0x95000, 0x1000);
+        assert_eq!(m.finish(), Some((0x13000, 0x95000, 0x1000)));
+        assert!(!m.gathering);
+        assert_eq!(m.finish(), None);
+    }
+}
