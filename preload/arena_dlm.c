@@ -7,29 +7,47 @@
 #include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <sys/mman.h>
 
 #include "arena.h"
+#include "shim.h"
 
 static int (*p_init)(const void *);
 static int (*p_alloc)(size_t, void **);
 static long (*p_alloc_at)(void *, size_t);
 static int (*p_free)(void *);
+static int (*p_discard)(void *, size_t);
+static int (*p_unmap)(void *, size_t);
+static int (*p_forget)(void *, size_t);
+static int (*p_detach)(void *, size_t);
+static int (*p_prefetch)(void *, size_t);
+static int (*p_set_access)(void *, size_t, int);
 static int (*p_finish)(void);
 
+#define SYM(var, name)                                                                                                 \
+    do {                                                                                                               \
+        *(void **)&var = dlsym(lib, name);                                                                             \
+        if (!var)                                                                                                      \
+            return -ENOSYS;                                                                                            \
+    } while (0)
+
 static int dlm_arena_init(void *lib) {
-    p_init = (int (*)(const void *))dlsym(lib, "dlm_init");
-    p_alloc = (int (*)(size_t, void **))dlsym(lib, "dlm_alloc");
-    p_alloc_at = (long (*)(void *, size_t))dlsym(lib, "dlm_alloc_at");
-    p_free = (int (*)(void *))dlsym(lib, "dlm_free");
-    p_finish = (int (*)(void))dlsym(lib, "dlm_finish");
-    if (!p_init || !p_alloc || !p_alloc_at || !p_free || !p_finish)
-        return -ENOSYS;
+    SYM(p_init, "dlm_init");
+    SYM(p_alloc, "dlm_alloc");
+    SYM(p_alloc_at, "dlm_alloc_at");
+    SYM(p_free, "dlm_free");
+    SYM(p_discard, "dlm_discard");
+    SYM(p_unmap, "dlm_unmap");
+    SYM(p_forget, "dlm_forget");
+    SYM(p_detach, "dlm_detach");
+    SYM(p_prefetch, "dlm_prefetch");
+    SYM(p_set_access, "dlm_set_access");
+    SYM(p_finish, "dlm_finish");
     return p_init(NULL);
 }
 
-static void *dlm_arena_alloc(size_t len) {
-    void *p = NULL;
-    int rc = p_alloc(len, &p);
+/* The C ABI's negative errno as the shim's convention: NULL with errno set. */
+static void *ptr_or_errno(int rc, void *p) {
     if (rc < 0) {
         errno = -rc;
         return NULL;
@@ -37,18 +55,51 @@ static void *dlm_arena_alloc(size_t len) {
     return p;
 }
 
+static void *dlm_arena_alloc(size_t len) {
+    void *p = NULL;
+    int rc = p_alloc(len, &p);
+    return ptr_or_errno(rc, p);
+}
+
 static void *dlm_arena_alloc_at(void *addr, size_t len) {
     long rc = p_alloc_at(addr, len);
-    if (rc < 0) {
-        errno = -rc;
+    if (rc >= 0 && (size_t)rc != len) {
+        /* A tail shorter than a base page stays the kernel's: not one area, refuse. */
+        p_unmap(addr, (size_t)rc);
+        errno = EINVAL;
         return NULL;
     }
-    return addr;
+    return ptr_or_errno((int)(rc < 0 ? rc : 0), addr);
 }
 
 static int dlm_arena_free(void *p) { return p_free(p); }
 
-static void dlm_arena_shutdown(void) { p_finish(); }
+/* A dead block's detached part is plain memory of its own mapping: unmapped. */
+static void dlm_arena_release_detached(void *addr, size_t len) { pw_sys_munmap(addr, len); }
+
+static int dlm_arena_unmap(void *addr, size_t len, int replace) {
+    return replace ? p_forget(addr, len) : p_unmap(addr, len);
+}
+
+/* MADV_NORMAL / SEQUENTIAL / RANDOM steer read-ahead; every other advice has no effect on
+ * DLM memory (hugepages, merging, dumping, fork behaviour: areas are never inherited). */
+static int dlm_arena_advise(void *addr, size_t len, int advice) {
+    switch (advice) {
+    case MADV_NORMAL:
+        return p_set_access(addr, len, 0);
+    case MADV_SEQUENTIAL:
+        return p_set_access(addr, len, 1);
+    case MADV_RANDOM:
+        return p_set_access(addr, len, 2);
+    default:
+        return 0;
+    }
+}
+
+static int dlm_arena_discard(void *addr, size_t len) { return p_discard(addr, len); }
+static int dlm_arena_detach(void *addr, size_t len) { return p_detach(addr, len); }
+static int dlm_arena_prefetch(void *addr, size_t len) { return p_prefetch(addr, len); }
+static void dlm_arena_finish(void) { p_finish(); }
 
 const struct pw_arena pw_arena_dlm = {
     .name = "dlm",
@@ -56,5 +107,11 @@ const struct pw_arena pw_arena_dlm = {
     .alloc = dlm_arena_alloc,
     .alloc_at = dlm_arena_alloc_at,
     .free = dlm_arena_free,
-    .shutdown = dlm_arena_shutdown,
+    .release_detached = dlm_arena_release_detached,
+    .discard = dlm_arena_discard,
+    .unmap = dlm_arena_unmap,
+    .detach = dlm_arena_detach,
+    .prefetch = dlm_arena_prefetch,
+    .advise = dlm_arena_advise,
+    .finish = dlm_arena_finish,
 };

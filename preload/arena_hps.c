@@ -1,7 +1,25 @@
-/* The HPS arena of the preload shim (`pagewise hps run`): routed allocations live in tracked
- * memfd arenas of libpagewise's HPS (hps_arena_alloc: 2 MiB aligned, whole 2 MiB regions),
- * whose accesses HPS counts; hot regions are collapsed into hugepages (MADV_COLLAPSE),
- * promote-only. Configured from the PAGEWISE_HPS_* environment `pagewise hps run` sets. */
+/* The HPS arena of the preload shim (`pagewise hps run`): routed memory lives in tracked memfd
+ * arenas of libpagewise's HPS (hps_arena_alloc: 2 MiB aligned, whole 2 MiB regions), whose
+ * accesses HPS counts; hot regions are collapsed into hugepages (MADV_COLLAPSE),
+ * promote-only. Configured from the PAGEWISE_HPS_* environment `pagewise hps run` sets.
+ *
+ * Packing. Each tracked arena is whole 2 MiB regions, so one per allocation would leave half
+ * of every 1 MiB allocation's region empty, and promoting that region would fill the empty
+ * half with memory too (memcached's slab pages are 1 MiB). Allocations up to CHUNK/4 are
+ * therefore cut one after the other from shared CHUNK-sized arenas (pieces); a piece's memory
+ * goes back as soon as it is freed (a hole punched in the memfd) and a chunk whose pieces are
+ * all gone is freed whole. Larger allocations get an arena of their own.
+ *
+ * Parts of a piece the program unmaps or takes over (detach: its own MADV_HUGEPAGE, an
+ * mprotect) are given up by HPS (hps_unmap, hps_detach): never tracked, collapsed or unmapped
+ * by it again. A piece is gone once nothing of it is HPS's or the program freed it. What the
+ * program took over of a block and then freed (release_detached) is plain memory: dropped,
+ * and unmapped when its chunk goes (before: the chunk's span holds it, so nothing else may be
+ * mapped there yet).
+ *
+ * The arenas are MAP_SHARED memfds: a child made by fork(2) would share them with its parent
+ * (its writes landing in the parent's "private" malloc memory), so they are not inherited
+ * (MADV_DONTFORK), as DLM's areas are not. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -13,10 +31,14 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#define HUGE (2UL << 20)
-#define PAGE_SZ 4096UL
-
 #include "arena.h"
+#include "shim.h"
+
+#define HUGE (2UL << 20)
+
+extern void *__libc_malloc(size_t);
+extern void *__libc_realloc(void *, size_t);
+extern void __libc_free(void *);
 
 /* struct hps_stats of include/pagewise/hps.h. */
 struct pw_hps_stats {
@@ -29,8 +51,10 @@ static int (*p_start)(double, uint32_t);
 static void *(*p_alloc)(size_t);
 static int (*p_free)(void *);
 static int (*p_release)(void *, size_t);
+static int (*p_unmap)(void *, size_t);
+static int (*p_forget)(void *, size_t);
+static int (*p_detach)(void *, size_t);
 static int (*p_stats)(struct pw_hps_stats *);
-static int (*p_shutdown)(void);
 static int (*p_state)(char *, size_t); /* optional: older libpagewise lacks it */
 
 static int hps_arena_init(void *lib) {
@@ -38,43 +62,35 @@ static int hps_arena_init(void *lib) {
     p_alloc = (void *(*)(size_t))dlsym(lib, "hps_arena_alloc");
     p_free = (int (*)(void *))dlsym(lib, "hps_arena_free");
     p_release = (int (*)(void *, size_t))dlsym(lib, "hps_release");
+    p_unmap = (int (*)(void *, size_t))dlsym(lib, "hps_unmap");
+    p_forget = (int (*)(void *, size_t))dlsym(lib, "hps_forget");
+    p_detach = (int (*)(void *, size_t))dlsym(lib, "hps_detach");
     p_stats = (int (*)(struct pw_hps_stats *))dlsym(lib, "hps_stats");
-    p_shutdown = (int (*)(void))dlsym(lib, "hps_shutdown");
     p_state = (int (*)(char *, size_t))dlsym(lib, "hps_preload_state");
-    if (!p_start || !p_alloc || !p_free || !p_release || !p_stats || !p_shutdown)
+    if (!p_start || !p_alloc || !p_free || !p_release || !p_unmap || !p_forget || !p_detach || !p_stats)
         return -ENOSYS;
     const char *frac = getenv("PAGEWISE_HPS_PROMOTE_FRACTION");
     const char *interval = getenv("PAGEWISE_HPS_INTERVAL_MS");
     return p_start(frac ? strtod(frac, NULL) : 0.0, interval ? (uint32_t)strtoul(interval, NULL, 10) : 0);
 }
 
-/* Packing. Each tracked arena is whole 2 MiB regions, so one per allocation would leave half
- * of every 1 MiB allocation's region empty, and promoting that region would fill the empty
- * half with memory too (memcached's slab pages are 1 MiB). Allocations up to CHUNK/4 are
- * therefore cut one after the other from shared CHUNK-sized arenas; a freed piece's memory
- * goes back at once (hps_release: a hole in the memfd) and a chunk whose pieces are all freed
- * is freed whole. Larger allocations get an arena of their own.
- *
- * The arenas are MAP_SHARED memfds: a child made by fork(2) would share them with its parent
- * (its writes landing in the parent's "private" malloc memory), so they are not inherited
- * (MADV_DONTFORK), as DLM's areas are not. */
 #define CHUNK (32UL << 20)
 #define MAX_CHUNKS 4096
-#define MAX_PIECES 65536
 
 struct chunk {
-    char *base;  /* NULL: free slot */
-    size_t used; /* bytes handed out (bump) */
-    size_t live; /* pieces not yet freed */
+    char *base;                 /* NULL: free slot */
+    size_t used;                /* bytes handed out (bump) */
+    size_t live;                /* pieces not yet gone */
+    struct pw_ranges dead;      /* taken-over parts of freed blocks: unmapped with the chunk */
 };
+/* A piece: its bytes still HPS's, and its chunk (or -1: an arena of its own). */
 struct piece {
-    char *addr;
-    size_t len;
+    size_t mapped;
+    int chunk;
 };
 static struct chunk chunks[MAX_CHUNKS];
 static struct chunk *cur;
-static struct piece pieces[MAX_PIECES];
-static size_t npieces;
+static struct pw_ranges pieces; /* tag: struct piece * */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void *new_arena(size_t len) {
@@ -82,7 +98,7 @@ static void *new_arena(size_t len) {
     if (!p)
         return NULL;
     size_t whole = (len + HUGE - 1) & ~(HUGE - 1);
-    if (madvise(p, whole, MADV_DONTFORK) != 0) {
+    if (pw_sys_madvise(p, whole, MADV_DONTFORK) != 0) {
         int e = errno;
         p_free(p);
         errno = e;
@@ -91,16 +107,31 @@ static void *new_arena(size_t len) {
     return p;
 }
 
-static void *hps_arena_alloc(size_t len) {
-    size_t whole = (len + PAGE_SZ - 1) & ~(PAGE_SZ - 1);
-    if (whole > CHUNK / 4)
-        return new_arena(len);
-    pthread_mutex_lock(&mu);
-    if (npieces == MAX_PIECES) {
-        pthread_mutex_unlock(&mu);
-        errno = ENOMEM;
-        return NULL;
+static int record(char *p, size_t len, int chunk) {
+    struct piece *pc = __libc_malloc(sizeof *pc);
+    if (!pc || pw_ranges_add(&pieces, (uintptr_t)p, (uintptr_t)p + len, (uintptr_t)pc) < 0) {
+        __libc_free(pc);
+        return -ENOMEM;
     }
+    *pc = (struct piece){len, chunk};
+    return 0;
+}
+
+static void *hps_arena_alloc(size_t len) {
+    size_t whole = pw_page_up(len);
+    if (whole > CHUNK / 4) {
+        void *p = new_arena(len);
+        pthread_mutex_lock(&mu);
+        int rc = p ? record(p, whole, -1) : 0;
+        pthread_mutex_unlock(&mu);
+        if (rc < 0) {
+            p_free(p);
+            errno = ENOMEM;
+            return NULL;
+        }
+        return p;
+    }
+    pthread_mutex_lock(&mu);
     if (!cur || cur->used + whole > CHUNK) {
         struct chunk *slot = NULL;
         for (size_t i = 0; i < MAX_CHUNKS && !slot; i++)
@@ -113,42 +144,108 @@ static void *hps_arena_alloc(size_t len) {
                 errno = ENOMEM;
             return NULL;
         }
-        *slot = (struct chunk){base, 0, 0};
+        *slot = (struct chunk){base, 0, 0, {0}};
         cur = slot;
     }
     char *p = cur->base + cur->used;
+    if (record(p, whole, (int)(cur - chunks)) < 0) {
+        pthread_mutex_unlock(&mu);
+        errno = ENOMEM;
+        return NULL;
+    }
     cur->used += whole;
     cur->live++;
-    pieces[npieces++] = (struct piece){p, whole};
     pthread_mutex_unlock(&mu);
     return p;
 }
 
+/* The chunk is done with: its arena freed, the freed blocks' taken-over parts unmapped. */
+static int drop_chunk(struct chunk *c) {
+    int rc = p_free(c->base);
+    for (size_t i = 0; i < c->dead.n; i++)
+        pw_sys_munmap((void *)c->dead.v[i].start, c->dead.v[i].end - c->dead.v[i].start);
+    pw_ranges_clear(&c->dead);
+    c->base = NULL;
+    if (cur == c)
+        cur = NULL;
+    return rc;
+}
+
+/* Piece r (its struct) is gone: its chunk loses it; the caller frees an own arena itself. */
+static int piece_gone(struct pw_range r) {
+    struct piece *pc = (struct piece *)r.tag;
+    int chunk = pc->chunk;
+    pw_ranges_remove(&pieces, r.start, r.end);
+    __libc_free(pc);
+    if (chunk >= 0 && --chunks[chunk].live == 0)
+        return drop_chunk(&chunks[chunk]);
+    return 0;
+}
+
 static int hps_arena_free(void *p) {
     pthread_mutex_lock(&mu);
-    for (size_t i = 0; i < npieces; i++) {
-        if (pieces[i].addr != p)
-            continue;
-        size_t len = pieces[i].len;
-        pieces[i] = pieces[--npieces];
-        struct chunk *c = NULL;
-        for (size_t k = 0; k < MAX_CHUNKS && !c; k++)
-            if (chunks[k].base && (char *)p >= chunks[k].base && (char *)p < chunks[k].base + CHUNK)
-                c = &chunks[k];
-        int rc = 0;
-        if (c && --c->live == 0) {
-            rc = p_free(c->base);
-            c->base = NULL;
-            if (cur == c)
-                cur = NULL;
-        } else {
-            rc = p_release(p, len);
-        }
-        pthread_mutex_unlock(&mu);
-        return rc;
+    struct pw_range r;
+    int rc;
+    if (!pw_ranges_at(&pieces, (uintptr_t)p, &r)) {
+        rc = -EINVAL;
+    } else if (((struct piece *)r.tag)->chunk < 0) {
+        piece_gone(r);
+        rc = p_free(p);
+    } else {
+        /* What is still HPS's goes back at once (a hole in the memfd). */
+        rc = p_release(p, r.end - r.start);
+        int e = piece_gone(r);
+        rc = rc < 0 ? rc : e;
     }
     pthread_mutex_unlock(&mu);
-    return p_free(p);
+    return rc;
+}
+
+/* [addr, addr+len) of a piece is no longer HPS's: `give_up` tells HPS; the piece goes when
+ * nothing of it is left (an own arena HPS freed itself). */
+static int give_up_part(void *addr, size_t len, int (*give_up)(void *, size_t)) {
+    pthread_mutex_lock(&mu);
+    struct pw_range r;
+    int rc = give_up(addr, len);
+    if (rc == 0 && pw_ranges_containing(&pieces, (uintptr_t)addr, &r)) {
+        struct piece *pc = (struct piece *)r.tag;
+        pc->mapped -= len < pc->mapped ? len : pc->mapped;
+        if (pc->mapped == 0)
+            rc = piece_gone(r);
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+static int hps_arena_unmap(void *addr, size_t len, int replace) {
+    return give_up_part(addr, len, replace ? p_forget : p_unmap);
+}
+
+static int hps_arena_detach(void *addr, size_t len) { return give_up_part(addr, len, p_detach); }
+
+static void hps_arena_release_detached(void *addr, size_t len) {
+    pthread_mutex_lock(&mu);
+    struct chunk *c = NULL;
+    for (size_t i = 0; i < MAX_CHUNKS && !c; i++)
+        if (chunks[i].base && (char *)addr >= chunks[i].base && (char *)addr < chunks[i].base + CHUNK)
+            c = &chunks[i];
+    /* Inside a live chunk the range must stay mapped (its span); its memory goes now. */
+    if (c && pw_ranges_add(&c->dead, (uintptr_t)addr, (uintptr_t)addr + len, 0) == 0)
+        pw_sys_madvise(addr, len, MADV_DONTNEED);
+    else
+        pw_sys_munmap(addr, len);
+    pthread_mutex_unlock(&mu);
+}
+
+static int hps_arena_discard(void *addr, size_t len) { return p_release(addr, len); }
+
+/* The program's own MADV_HUGEPAGE is kept: only plain memory gets THP from the kernel the
+ * way the program asked (on its first touch, for the whole range), so the range is detached.
+ * Every other advice has no effect on tracked memory. */
+static int hps_arena_advise(void *addr, size_t len, int advice) {
+    (void)addr;
+    (void)len;
+    return advice == MADV_HUGEPAGE ? 1 : 0;
 }
 
 static int hps_arena_summary(char *buf, size_t n) {
@@ -166,7 +263,8 @@ static int hps_arena_summary(char *buf, size_t n) {
     return 0;
 }
 
-static void hps_arena_shutdown(void) { p_shutdown(); }
+/* Exit: the tracking thread may run on with the program's other threads; memory stays. */
+static void hps_arena_finish(void) {}
 
 const struct pw_arena pw_arena_hps = {
     .name = "hps",
@@ -174,6 +272,12 @@ const struct pw_arena pw_arena_hps = {
     .alloc = hps_arena_alloc,
     .alloc_at = NULL,
     .free = hps_arena_free,
+    .release_detached = hps_arena_release_detached,
+    .discard = hps_arena_discard,
+    .unmap = hps_arena_unmap,
+    .detach = hps_arena_detach,
+    .prefetch = NULL,
+    .advise = hps_arena_advise,
     .summary = hps_arena_summary,
-    .shutdown = hps_arena_shutdown,
+    .finish = hps_arena_finish,
 };

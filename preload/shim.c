@@ -1,44 +1,48 @@
-/* The Pagewise LD_PRELOAD shim: routes a program's large allocations into a Pagewise arena
- * (arena.h) without changing the program. `pagewise run` (DLM) and `pagewise hps run` set it
- * up; see README "pagewise run".
+/* The Pagewise LD_PRELOAD shim: routes a program's large memory into a Pagewise arena
+ * (arena.h) without changing the program, and keeps every call the program makes on that
+ * memory meaningful. `pagewise run` (DLM) and `pagewise hps run` set it up; see docs/dlm.md.
  *
- * Routed (size >= PAGEWISE_PRELOAD_MIN_ALLOC): malloc, calloc, realloc, posix_memalign,
- * aligned_alloc, memalign, valloc, pvalloc, and anonymous private read-write mmap without an
- * address hint (munmap and mremap follow them); with PAGEWISE_PRELOAD_BSS=1 also the main
- * executable's zero-initialised data. Everything else goes to libc.
+ * What is routed (size >= PAGEWISE_PRELOAD_MIN_ALLOC):
+ * - anonymous private read-write mmap — without an address, with a hint, MAP_FIXED or
+ *   MAP_FIXED_NOREPLACE — and large PROT_NONE reservations once the program commits them
+ *   (mprotect read-write, or MAP_FIXED over them): the JVM's heap, an allocator's chunks
+ *   (vm.c, which also gives munmap, mremap, mprotect and madvise their meaning there);
+ * - the malloc family, when the program's malloc is glibc's (glibc maps large blocks with its
+ *   own internal mmap, which no preload sees). A program that brings its own allocator
+ *   (jemalloc, tcmalloc, mimalloc) keeps it for every pointer — the shim only forwards —
+ *   and its large chunks are routed where the allocator maps them;
+ * - with PAGEWISE_PRELOAD_BSS=1 the main executable's zero-initialised data (bss.c).
+ * Everything else goes to libc and the kernel.
  *
- * - Re-entrancy: the arena itself allocates (libpagewise is Rust); a thread-local depth sends
- *   every allocation made while the shim is working to libc, so the shim never recurses into
- *   itself. Before the arena is up (and if it fails to start) everything goes to libc.
- * - Threads: routed blocks sit in one table under a mutex, touched only on routed paths and
- *   on frees of page-aligned pointers (libc's small chunks are never page-aligned... except
- *   memalign's, which the table lookup then rejects).
- * - fork: areas are not inherited (the arena maps them MADV_DONTFORK): a child would
- *   otherwise see zeros where its parent's pages live on a server. The child stops routing
- *   and never calls into the parent's runtime (its sockets belong to the parent); exec gives
- *   it a fresh shim with its own runtime.
- *
- * libc's own entry points are reached through glibc's exported __libc_* names and raw
- * syscalls, never dlsym(RTLD_NEXT) on the hot path (dlsym may allocate).
+ * - One owner per pointer: a pointer the shim's malloc routed is the shim's until freed
+ *   (pw_blocks); every other pointer belongs to the program's allocator, glibc's or its own.
+ * - Re-entrancy: the arena itself allocates and maps (libpagewise is Rust). Its allocations
+ *   never come here (its global allocator calls glibc's by their own names,
+ *   crates/capi/src/lib.rs) and its memory calls are raw system calls
+ *   (crates/kernel/src/mem.rs); a thread-local depth sends whatever else happens while the
+ *   shim works (libc's own allocations inside dlopen, getaddrinfo...) to glibc and the kernel.
+ * - fork: areas are not inherited (MADV_DONTFORK): a child would otherwise see zeros where
+ *   its parent's pages live on a server. The child stops routing, forgets the routed ranges
+ *   (their addresses are free in the child) and never calls into the parent's runtime; it
+ *   keeps knowing the blocks it owns, so that freeing one is a no-op, not a crash.
+ * - Exit: the destructor reports and stops new routing; memory stays valid while other
+ *   threads run on through exit().
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <link.h>
 #include <malloc.h>
-#include <pthread.h>
 #include <stdarg.h>
-#include <stdatomic.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
-#include "arena.h"
+#include "shim.h"
+
+#define PW_EXPORT __attribute__((visibility("default")))
 
 extern void *__libc_malloc(size_t);
 extern void __libc_free(void *);
@@ -46,36 +50,25 @@ extern void *__libc_calloc(size_t, size_t);
 extern void *__libc_realloc(void *, size_t);
 extern void *__libc_memalign(size_t, size_t);
 
-#define PAGE 4096UL
-#define MAX_BLOCKS 65536
-
-static __thread int in_shim __attribute__((tls_model("initial-exec")));
-
-enum { S_OFF, S_ON, S_CHILD, S_DOWN };
-static _Atomic int state = S_OFF;
-static size_t min_alloc = 1UL << 20;
-static const struct pw_arena *arena;
-static pid_t owner;
-static int report; /* this process prints the end-of-run notes (the one `pagewise run` started) */
-static _Atomic unsigned long routed, fallbacks;
+__thread int pw_in_shim __attribute__((tls_model("initial-exec")));
+_Atomic int pw_state = S_OFF;
+size_t pw_min_alloc = 1UL << 20;
+const struct pw_arena *pw_arena;
+pthread_mutex_t pw_lock = PTHREAD_MUTEX_INITIALIZER;
+struct pw_ranges pw_routed, pw_reserved, pw_blocks;
+_Atomic size_t pw_tracked;
+_Atomic unsigned long pw_routed_count, pw_fallbacks;
+static _Atomic size_t nblocks; /* pw_blocks.n, readable without the lock */
 static _Atomic int warned_fallback;
-
-struct block {
-    uintptr_t addr;
-    size_t len; /* bytes asked for */
-    size_t cap; /* bytes usable (whole pages) */
-};
-static struct block blocks[MAX_BLOCKS];
-static size_t nblocks;
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-
-static size_t page_up(size_t n) { return (n + PAGE - 1) & ~(PAGE - 1); }
+static int report; /* this process prints the end-of-run notes (the one `pagewise run` started) */
+static pid_t owner;
+void pw_route_bss(void);
 
 /* Our own copy of stderr: programs may close theirs before our destructor runs (coreutils'
  * close_stdout does). */
 static int errfd = 2;
 
-static void note(const char *fmt, ...) {
+void pw_note(const char *fmt, ...) {
     char buf[512];
     va_list ap;
     va_start(ap, fmt);
@@ -85,145 +78,263 @@ static void note(const char *fmt, ...) {
         (void)!write(errfd, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
 }
 
-static int routable(size_t len) {
-    return !in_shim && len >= min_alloc && atomic_load_explicit(&state, memory_order_acquire) == S_ON;
-}
+void pw_tables_changed(void) { atomic_store(&pw_tracked, pw_routed.n + pw_reserved.n); }
 
-/* A routed area of len bytes, recorded in the table; NULL: use libc instead. */
-static void *route(size_t len) {
-    in_shim++;
-    void *p = arena->alloc(len);
-    in_shim--;
+void *pw_route(size_t len) {
+    pw_in_shim++;
+    void *p = pw_arena->alloc(len);
+    pw_in_shim--;
     if (!p) {
-        atomic_fetch_add(&fallbacks, 1);
+        atomic_fetch_add(&pw_fallbacks, 1);
         if (!atomic_exchange(&warned_fallback, 1))
-            note("pagewise: the %s arena refused %zu bytes (%s); such allocations stay in libc\n", arena->name, len,
-                 strerror(errno));
+            pw_note("pagewise: the %s arena refused %zu bytes (%s); such allocations stay in libc\n",
+                    pw_arena->name, len, strerror(errno));
         return NULL;
     }
-    pthread_mutex_lock(&lock);
-    int full = nblocks == MAX_BLOCKS;
-    if (!full)
-        blocks[nblocks++] = (struct block){(uintptr_t)p, len, page_up(len)};
-    pthread_mutex_unlock(&lock);
-    if (full) {
-        in_shim++;
-        arena->free(p);
-        in_shim--;
+    pthread_mutex_lock(&pw_lock);
+    int rc = pw_ranges_add(&pw_routed, (uintptr_t)p, (uintptr_t)p + pw_page_up(len), (uintptr_t)p);
+    pw_tables_changed();
+    pthread_mutex_unlock(&pw_lock);
+    if (rc < 0) {
+        pw_in_shim++;
+        pw_arena->free(p);
+        pw_in_shim--;
         return NULL;
     }
-    atomic_fetch_add(&routed, 1);
+    atomic_fetch_add(&pw_routed_count, 1);
     return p;
 }
 
-/* Look up the block starting at p (inside: any block containing p); remove it if asked. */
-static int lookup(const void *p, int inside, int remove, struct block *out) {
-    uintptr_t a = (uintptr_t)p;
-    if (!p || (a & (PAGE - 1)))
-        return 0;
-    int found = 0;
-    pthread_mutex_lock(&lock);
-    for (size_t i = 0; i < nblocks; i++) {
-        struct block *b = &blocks[i];
-        if (a == b->addr || (inside && a > b->addr && a < b->addr + b->cap)) {
-            if (out)
-                *out = *b;
-            if (remove)
-                *b = blocks[--nblocks];
-            found = 1;
-            break;
-        }
+/* ---- whose malloc: glibc's (the shim routes large blocks) or the program's own ---- */
+
+/* The program's allocator when it is not glibc's (NULL: glibc's). Found before the first
+ * allocation the shim serves; allocations made while finding it (by the dynamic linker) come
+ * from glibc and are remembered, so that they go back to glibc. */
+static struct {
+    void *(*malloc)(size_t);
+    void (*free)(void *);
+    void *(*calloc)(size_t, size_t);
+    void *(*realloc)(void *, size_t);
+    void *(*memalign)(size_t, size_t);
+    size_t (*usable)(void *);
+} next;
+static size_t (*libc_usable)(void *); /* glibc's malloc_usable_size */
+static _Atomic int resolved; /* 0: not yet, 1: resolving (this thread), 2: done */
+static void *early[16];
+static _Atomic int nearly;
+
+static void resolve_allocator(void) {
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&resolved, &expected, 1))
+        return;
+    pw_in_shim++;
+    void *libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+    if (libc)
+        libc_usable = (size_t(*)(void *))dlsym(libc, "malloc_usable_size");
+    void *m = dlsym(RTLD_NEXT, "malloc");
+    if (m && m != (void *)__libc_malloc) {
+        next.malloc = m;
+        next.free = dlsym(RTLD_NEXT, "free");
+        next.calloc = dlsym(RTLD_NEXT, "calloc");
+        next.realloc = dlsym(RTLD_NEXT, "realloc");
+        next.memalign = dlsym(RTLD_NEXT, "memalign");
+        next.usable = dlsym(RTLD_NEXT, "malloc_usable_size");
+        if (!next.free || !next.calloc || !next.realloc || !next.memalign)
+            next.malloc = NULL; /* an allocator without the basics: stay with glibc's */
     }
-    pthread_mutex_unlock(&lock);
+    pw_in_shim--;
+    atomic_store(&resolved, 2);
+}
+
+static int foreign(void) {
+    if (atomic_load_explicit(&resolved, memory_order_acquire) != 2)
+        resolve_allocator();
+    return next.malloc != NULL;
+}
+
+/* While the allocator is being found (or by a re-entrant call), glibc serves. */
+static void *early_alloc(void *p) {
+    if (p && atomic_load(&resolved) != 2) {
+        int i = atomic_fetch_add(&nearly, 1);
+        if (i < (int)(sizeof early / sizeof *early))
+            early[i] = p;
+    }
+    return p;
+}
+
+static int is_early(void *p) {
+    int n = atomic_load(&nearly);
+    for (int i = 0; i < n && i < (int)(sizeof early / sizeof *early); i++)
+        if (early[i] == p)
+            return 1;
+    return 0;
+}
+
+/* ---- the blocks the shim's malloc routed ---- */
+
+static int routable(size_t len) {
+    return !pw_in_shim && len >= pw_min_alloc && atomic_load_explicit(&pw_state, memory_order_acquire) == S_ON;
+}
+
+/* A routed block of n bytes, or NULL (use libc). */
+static void *route_block(size_t n) {
+    void *p = pw_route(n);
+    if (!p)
+        return NULL;
+    pthread_mutex_lock(&pw_lock);
+    int rc = pw_ranges_add(&pw_blocks, (uintptr_t)p, (uintptr_t)p + pw_page_up(n), n);
+    atomic_store(&nblocks, pw_blocks.n);
+    pthread_mutex_unlock(&pw_lock);
+    if (rc < 0) {
+        pthread_mutex_lock(&pw_lock);
+        pw_ranges_remove(&pw_routed, (uintptr_t)p, (uintptr_t)p + pw_page_up(n));
+        pw_tables_changed();
+        pthread_mutex_unlock(&pw_lock);
+        pw_in_shim++;
+        pw_arena->free(p);
+        pw_in_shim--;
+        return NULL;
+    }
+    return p;
+}
+
+/* The routed block starting at p, if any. */
+static int find_block(const void *p, struct pw_range *out) {
+    if (!p || ((uintptr_t)p & (PW_PAGE - 1)) || atomic_load_explicit(&nblocks, memory_order_relaxed) == 0)
+        return 0;
+    pthread_mutex_lock(&pw_lock);
+    int found = pw_ranges_at(&pw_blocks, (uintptr_t)p, out);
+    pthread_mutex_unlock(&pw_lock);
     return found;
 }
 
-static void set_len(const void *p, size_t len) {
-    pthread_mutex_lock(&lock);
-    for (size_t i = 0; i < nblocks; i++)
-        if (blocks[i].addr == (uintptr_t)p)
-            blocks[i].len = len;
-    pthread_mutex_unlock(&lock);
+/* Free a routed block: what of it is still the arena's goes back to the arena, and what the
+ * program had taken out of it (detached) is released as plain memory. 1 if p was one. */
+static int free_block(void *p) {
+    if (!p || ((uintptr_t)p & (PW_PAGE - 1)) || atomic_load_explicit(&nblocks, memory_order_relaxed) == 0)
+        return 0;
+    pthread_mutex_lock(&pw_lock);
+    struct pw_range b;
+    if (!pw_ranges_at(&pw_blocks, (uintptr_t)p, &b)) {
+        pthread_mutex_unlock(&pw_lock);
+        return 0;
+    }
+    pw_ranges_remove(&pw_blocks, b.start, b.end);
+    atomic_store(&nblocks, pw_blocks.n);
+    if (atomic_load(&pw_state) == S_CHILD) {
+        /* Not here (MADV_DONTFORK): nothing to give back. */
+        pthread_mutex_unlock(&pw_lock);
+        return 1;
+    }
+    pw_in_shim++;
+    /* Parts detached since (mprotect, or advice only plain memory honours) are plain memory
+     * inside the block; the rest is the arena's. */
+    uintptr_t at = b.start;
+    int live = 0;
+    struct pw_range r;
+    while (at < b.end) {
+        uintptr_t gap_end = pw_ranges_next(&pw_routed, at, b.end, &r) ? r.start : b.end;
+        if (gap_end > at)
+            pw_arena->release_detached((void *)at, gap_end - at);
+        if (gap_end == b.end)
+            break;
+        live = 1;
+        at = r.end;
+    }
+    if (live) {
+        pw_arena->free(p);
+        pw_ranges_remove(&pw_routed, b.start, b.end);
+        pw_tables_changed();
+    }
+    pw_in_shim--;
+    pthread_mutex_unlock(&pw_lock);
+    return 1;
 }
 
-/* Give a removed block back (only the process that owns the runtime may). */
-static void unroute(void *p) {
-    if (atomic_load(&state) != S_ON)
-        return; /* a forked child or after exit: the parent's runtime is not ours to call */
-    in_shim++;
-    arena->free(p);
-    in_shim--;
-}
+/* ---- the malloc family ---- */
 
-void *malloc(size_t n) {
+PW_EXPORT void *malloc(size_t n) {
+    if (foreign())
+        return next.malloc(n);
     if (routable(n)) {
-        void *p = route(n);
+        void *p = route_block(n);
         if (p)
             return p;
     }
-    return __libc_malloc(n);
+    return early_alloc(__libc_malloc(n));
 }
 
-void free(void *p) {
-    if (lookup(p, 0, 1, NULL)) {
-        unroute(p);
+PW_EXPORT void free(void *p) {
+    if (!p)
+        return;
+    if (free_block(p))
+        return;
+    if (atomic_load_explicit(&nearly, memory_order_relaxed) && is_early(p)) {
+        __libc_free(p);
         return;
     }
-    __libc_free(p);
+    if (foreign())
+        next.free(p);
+    else
+        __libc_free(p);
 }
 
-void *calloc(size_t n, size_t m) {
+PW_EXPORT void *calloc(size_t n, size_t m) {
     size_t total;
     if (__builtin_mul_overflow(n, m, &total)) {
         errno = ENOMEM;
         return NULL;
     }
+    if (foreign())
+        return next.calloc(n, m);
     if (routable(total)) {
-        void *p = route(total); /* arena areas are zero-filled */
+        void *p = route_block(total); /* arena areas are zero-filled */
         if (p)
             return p;
     }
-    return __libc_calloc(n, m);
+    return early_alloc(__libc_calloc(n, m));
 }
 
-static size_t (*libc_usable)(void *);
-
-size_t malloc_usable_size(void *p) {
-    struct block b;
-    if (lookup(p, 0, 0, &b))
-        return b.cap;
-    if (!libc_usable) {
-        in_shim++;
-        libc_usable = (size_t(*)(void *))dlsym(RTLD_NEXT, "malloc_usable_size");
-        in_shim--;
-    }
+PW_EXPORT size_t malloc_usable_size(void *p) {
+    struct pw_range b;
+    if (find_block(p, &b))
+        return b.end - b.start;
+    if (foreign() && !is_early(p))
+        return next.usable ? next.usable(p) : 0;
     return libc_usable ? libc_usable(p) : 0;
 }
 
-void *realloc(void *p, size_t n) {
+PW_EXPORT void *realloc(void *p, size_t n) {
     if (!p)
         return malloc(n);
-    struct block b;
-    if (lookup(p, 0, 0, &b)) {
+    struct pw_range b;
+    if (find_block(p, &b)) {
         if (n == 0) {
             free(p);
             return NULL;
         }
-        if (n <= b.cap && n >= min_alloc) {
-            set_len(p, n);
+        size_t cap = b.end - b.start;
+        if (n <= cap && n >= pw_min_alloc && n > cap / 2) {
+            pthread_mutex_lock(&pw_lock);
+            pw_ranges_retag(&pw_blocks, b.start, n);
+            pthread_mutex_unlock(&pw_lock);
             return p;
         }
         void *q = malloc(n);
         if (!q)
             return NULL;
-        memcpy(q, p, b.len < n ? b.len : n);
+        memcpy(q, p, b.tag < n ? b.tag : n);
         free(p);
         return q;
     }
+    if (atomic_load_explicit(&nearly, memory_order_relaxed) && is_early(p))
+        return __libc_realloc(p, n); /* stays glibc's: the early list keeps naming it */
+    if (foreign())
+        return next.realloc(p, n);
     if (routable(n)) {
-        size_t old = malloc_usable_size(p);
+        size_t old = libc_usable ? libc_usable(p) : 0;
         if (n > old) {
-            void *q = route(n);
+            void *q = route_block(n);
             if (q) {
                 memcpy(q, p, old);
                 __libc_free(p);
@@ -234,16 +345,27 @@ void *realloc(void *p, size_t n) {
     return __libc_realloc(p, n);
 }
 
-void *memalign(size_t al, size_t n) {
-    if (al <= PAGE && routable(n)) {
-        void *p = route(n);
+PW_EXPORT void *reallocarray(void *p, size_t n, size_t m) {
+    size_t total;
+    if (__builtin_mul_overflow(n, m, &total)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return realloc(p, total);
+}
+
+PW_EXPORT void *memalign(size_t al, size_t n) {
+    if (foreign())
+        return next.memalign(al, n);
+    if (al <= PW_PAGE && routable(n)) {
+        void *p = route_block(n);
         if (p)
             return p;
     }
-    return __libc_memalign(al, n);
+    return early_alloc(__libc_memalign(al, n));
 }
 
-int posix_memalign(void **out, size_t al, size_t n) {
+PW_EXPORT int posix_memalign(void **out, size_t al, size_t n) {
     if (al < sizeof(void *) || (al & (al - 1)))
         return EINVAL;
     void *p = memalign(al, n);
@@ -253,151 +375,28 @@ int posix_memalign(void **out, size_t al, size_t n) {
     return 0;
 }
 
-void *aligned_alloc(size_t al, size_t n) { return memalign(al, n); }
-void *valloc(size_t n) { return memalign(PAGE, n); }
-void *pvalloc(size_t n) { return memalign(PAGE, page_up(n)); }
+PW_EXPORT void *aligned_alloc(size_t al, size_t n) { return memalign(al, n); }
+PW_EXPORT void *valloc(size_t n) { return memalign(PW_PAGE, n); }
+PW_EXPORT void *pvalloc(size_t n) { return memalign(PW_PAGE, pw_page_up(n)); }
 
-static void *sys_mmap(void *a, size_t len, int prot, int flags, int fd, off_t off) {
-    return (void *)syscall(SYS_mmap, a, len, prot, flags, fd, off);
-}
+/* ---- start, fork, exit ---- */
 
-void *mmap(void *a, size_t len, int prot, int flags, int fd, off_t off) {
-    const int plain = MAP_PRIVATE | MAP_ANONYMOUS;
-    const int ok_extra = MAP_NORESERVE | MAP_POPULATE;
-    if (!a && fd == -1 && prot == (PROT_READ | PROT_WRITE) && (flags & ~ok_extra) == plain && routable(len)) {
-        void *p = route(len);
-        if (p)
-            return p;
-    }
-    return sys_mmap(a, len, prot, flags, fd, off);
-}
-
-void *mmap64(void *a, size_t len, int prot, int flags, int fd, off_t off) { return mmap(a, len, prot, flags, fd, off); }
-
-int munmap(void *a, size_t len) {
-    struct block b;
-    if (lookup(a, 1, 0, &b)) {
-        if ((uintptr_t)a == b.addr && page_up(len) >= b.cap) {
-            lookup(a, 0, 1, NULL);
-            unroute(a);
-        }
-        /* Part of a routed area: it stays mapped until the whole area goes (the arena hands
-         * out whole areas only); the program must not rely on the part faulting. */
-        return 0;
-    }
-    return (int)syscall(SYS_munmap, a, len);
-}
-
-void *mremap(void *old, size_t oldlen, size_t newlen, int flags, ...) {
-    void *target = NULL;
-    if (flags & MREMAP_FIXED) {
-        va_list ap;
-        va_start(ap, flags);
-        target = va_arg(ap, void *);
-        va_end(ap);
-    }
-    struct block b;
-    if (lookup(old, 0, 0, &b)) {
-        if (newlen <= b.cap) {
-            set_len(old, newlen);
-            return old;
-        }
-        if (!(flags & MREMAP_MAYMOVE) || (flags & MREMAP_FIXED)) {
-            errno = ENOMEM;
-            return MAP_FAILED;
-        }
-        void *q = mmap(NULL, newlen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (q == MAP_FAILED)
-            return MAP_FAILED;
-        memcpy(q, old, b.len < oldlen ? b.len : oldlen);
-        munmap(old, b.cap);
-        return q;
-    }
-    return (void *)syscall(SYS_mremap, old, oldlen, newlen, flags, target);
-}
-
-/* --bss: the main executable's zero-initialised data, whole pages of it, into the arena. */
-struct bss {
-    uintptr_t start, end;
-};
-
-static int find_bss(struct dl_phdr_info *info, size_t size, void *data) {
-    (void)size;
-    struct bss *out = data;
-    for (int i = 0; i < info->dlpi_phnum; i++) {
-        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-        if (ph->p_type == PT_LOAD && (ph->p_flags & PF_W) && ph->p_memsz > ph->p_filesz) {
-            uintptr_t zero = info->dlpi_addr + ph->p_vaddr + ph->p_filesz;
-            out->start = page_up(zero);
-            out->end = page_up(info->dlpi_addr + ph->p_vaddr + ph->p_memsz);
-        }
-    }
-    return 1; /* the first object is the main program */
-}
-
-static void route_bss(void) {
-    struct bss z = {0, 0};
-    dl_iterate_phdr(find_bss, &z);
-    if (z.end <= z.start || z.end - z.start < min_alloc) {
-        note("pagewise: --bss: the program's zero-initialised data (%zu bytes in whole pages) is below "
-             "--min-alloc; left in place\n", (size_t)(z.end > z.start ? z.end - z.start : 0));
-        return;
-    }
-    if (!arena->alloc_at) {
-        note("pagewise: --bss: the %s arena cannot map at a fixed address\n", arena->name);
-        return;
-    }
-    size_t len = z.end - z.start, pages = len / PAGE;
-    /* Whatever was written there already (copy relocations, constructors) is kept: resident
-     * pages that are not all zero are saved and written back after the area replaces them. */
-    unsigned char *res = __libc_malloc(pages);
-    unsigned char *saved = NULL;
-    size_t nsaved = 0;
-    size_t *which = NULL;
-    if (res && mincore((void *)z.start, len, res) == 0) {
-        for (size_t i = 0; i < pages; i++) {
-            if (!(res[i] & 1))
-                continue;
-            const unsigned long *w = (const unsigned long *)(z.start + i * PAGE);
-            int zero = 1;
-            for (size_t k = 0; k < PAGE / sizeof *w && zero; k++)
-                zero = w[k] == 0;
-            if (zero)
-                continue;
-            saved = __libc_realloc(saved, (nsaved + 1) * PAGE);
-            which = __libc_realloc(which, (nsaved + 1) * sizeof *which);
-            memcpy(saved + nsaved * PAGE, w, PAGE);
-            which[nsaved++] = i;
-        }
-    }
-    in_shim++;
-    void *p = arena->alloc_at((void *)z.start, len);
-    in_shim--;
-    if (!p)
-        note("pagewise: --bss: the %s arena could not take %zu bytes at %p (%s); left in place\n", arena->name, len,
-             (void *)z.start, strerror(errno));
-    else {
-        atomic_fetch_add(&routed, 1);
-        note("pagewise: --bss: %zu bytes of static data at %p on %s memory\n", len, (void *)z.start, arena->name);
-    }
-    if (p)
-        for (size_t i = 0; i < nsaved; i++)
-            memcpy((void *)(z.start + which[i] * PAGE), saved + i * PAGE, PAGE);
-    __libc_free(res);
-    __libc_free(saved);
-    __libc_free(which);
-}
-
-static void prepare(void) { pthread_mutex_lock(&lock); }
-static void parent(void) { pthread_mutex_unlock(&lock); }
+static void prepare(void) { pthread_mutex_lock(&pw_lock); }
+static void parent(void) { pthread_mutex_unlock(&pw_lock); }
 static void child(void) {
-    pthread_mutex_unlock(&lock);
-    int on = S_ON;
-    atomic_compare_exchange_strong(&state, &on, S_CHILD);
+    int on = S_ON, down = S_DOWN;
+    if (!atomic_compare_exchange_strong(&pw_state, &on, S_CHILD))
+        atomic_compare_exchange_strong(&pw_state, &down, S_CHILD);
+    /* The routed ranges and reservations are not here: their addresses are the child's to
+     * use. The blocks stay known, so that freeing one is a no-op (free_block). */
+    pw_ranges_clear(&pw_routed);
+    pw_ranges_clear(&pw_reserved);
+    pw_tables_changed();
+    pthread_mutex_unlock(&pw_lock);
 }
 
 __attribute__((constructor)) static void shim_init(void) {
-    in_shim++;
+    pw_in_shim++;
     int fd = fcntl(2, F_DUPFD_CLOEXEC, 3);
     if (fd >= 0)
         errfd = fd;
@@ -408,54 +407,58 @@ __attribute__((constructor)) static void shim_init(void) {
     report = getenv("PAGEWISE_PRELOAD_REPORT") != NULL;
     /* Only the program `pagewise run` started reports; processes it execs do not. */
     unsetenv("PAGEWISE_PRELOAD_REPORT");
+    pw_in_shim--;
+    foreign(); /* found now, before the program's first allocation if it has not made one */
+    pw_in_shim++;
     if (min)
-        min_alloc = strtoull(min, NULL, 10);
-    if (min_alloc < PAGE)
-        min_alloc = PAGE;
+        pw_min_alloc = strtoull(min, NULL, 10);
+    if (pw_min_alloc < PW_PAGE)
+        pw_min_alloc = PW_PAGE;
     if (name && strcmp(name, "dlm") == 0)
-        arena = &pw_arena_dlm;
+        pw_arena = &pw_arena_dlm;
     else if (name && strcmp(name, "hps") == 0)
-        arena = &pw_arena_hps;
+        pw_arena = &pw_arena_hps;
     else {
-        note("pagewise: PAGEWISE_PRELOAD_ARENA=%s is not an arena this shim knows (dlm, hps); nothing is "
-             "routed\n", name ? name : "(unset)");
-        in_shim--;
+        pw_note("pagewise: PAGEWISE_PRELOAD_ARENA=%s is not an arena this shim knows (dlm, hps); nothing is "
+                "routed\n", name ? name : "(unset)");
+        pw_in_shim--;
         return;
     }
     void *lib = libpath ? dlopen(libpath, RTLD_NOW | RTLD_LOCAL) : NULL;
     if (!lib) {
-        note("pagewise: cannot load libpagewise (PAGEWISE_PRELOAD_LIB=%s): %s; nothing is routed\n",
-             libpath ? libpath : "(unset)", dlerror());
-        in_shim--;
+        pw_note("pagewise: cannot load libpagewise (PAGEWISE_PRELOAD_LIB=%s): %s; nothing is routed\n",
+                libpath ? libpath : "(unset)", dlerror());
+        pw_in_shim--;
         return;
     }
-    int rc = arena->init(lib);
+    int rc = pw_arena->init(lib);
     if (rc < 0) {
-        note("pagewise: starting the %s arena failed (%s); nothing is routed\n", arena->name, strerror(-rc));
-        in_shim--;
+        pw_note("pagewise: starting the %s arena failed (%s); nothing is routed\n", pw_arena->name, strerror(-rc));
+        pw_in_shim--;
         return;
     }
     owner = getpid();
     pthread_atfork(prepare, parent, child);
-    atomic_store(&state, S_ON);
-    in_shim--;
+    atomic_store(&pw_state, S_ON);
+    pw_in_shim--;
     if (bss && strcmp(bss, "1") == 0)
-        route_bss();
+        pw_route_bss();
 }
 
 __attribute__((destructor)) static void shim_fini(void) {
-    if (atomic_load(&state) != S_ON || getpid() != owner)
+    int on = S_ON;
+    if (getpid() != owner || !atomic_compare_exchange_strong(&pw_state, &on, S_DOWN))
         return;
-    if (report && atomic_load(&routed) == 0)
-        note("pagewise: warning: the program made no allocation of at least %zu bytes: nothing ran on %s "
-             "memory (see --min-alloc)\n", min_alloc, arena->name);
+    if (report && atomic_load(&pw_routed_count) == 0)
+        pw_note("pagewise: warning: the program made no allocation of at least %zu bytes: nothing ran on %s "
+                "memory (see --min-alloc)\n", pw_min_alloc, pw_arena->name);
     else if (report)
-        note("pagewise: %lu allocation(s) on %s memory, %lu refused (left in libc)\n", atomic_load(&routed),
-             arena->name, atomic_load(&fallbacks));
-    in_shim++;
+        pw_note("pagewise: %lu allocation(s) on %s memory, %lu refused (left in libc)\n",
+                atomic_load(&pw_routed_count), pw_arena->name, atomic_load(&pw_fallbacks));
+    pw_in_shim++;
     char line[256];
-    if (report && arena->summary && arena->summary(line, sizeof line) == 0)
-        note("pagewise: %s\n", line);
-    arena->shutdown();
-    in_shim--;
+    if (report && pw_arena->summary && pw_arena->summary(line, sizeof line) == 0)
+        pw_note("pagewise: %s\n", line);
+    pw_arena->finish();
+    pw_in_shim--;
 }

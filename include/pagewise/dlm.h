@@ -82,10 +82,39 @@ int dlm_end(uint64_t loop_id);
  * old_size, new_size, loop_time, reason}...], "dropped", "table"} (the seed's per-iteration
  * table as Markdown). Writes at most len bytes including a NUL; returns the full length. */
 long dlm_decisions_json(char *buf, size_t len);
-/* Make [addr, addr + n) DLM memory, n = len rounded down to whole largest units, replacing
- * what is mapped there (content starts as zeros); returns n or a negative errno. For memory
- * that must keep its address (the LD_PRELOAD shim's --bss). The caller owns the range. */
+/* Make [addr, addr + n) DLM memory, n = len rounded down to whole base pages, replacing what
+ * is mapped there (content starts as zeros); returns n or a negative errno. For memory that
+ * must keep its address (the LD_PRELOAD shim's --bss, a program's MAP_FIXED mapping). The
+ * caller owns the range. */
 long dlm_alloc_at(void *addr, size_t len);
+/* Calls on part of DLM memory, with the meaning Linux gives them on private anonymous memory
+ * (the LD_PRELOAD shim forwards a program's madvise/munmap/mprotect/mremap here):
+ * dlm_discard   MADV_DONTNEED / MADV_FREE: [addr, addr+len) reads as zeros from now on; local
+ *               pages and the servers' copies are freed (bytes of a base page partly inside
+ *               are zeroed in place).
+ * dlm_unmap     munmap(2) of part of an area (whole base pages); an area of which nothing is
+ *               left is freed.
+ * dlm_forget    as dlm_unmap, but the range stays mapped (plain memory, its pages dropped) for
+ *               the caller to map over it at once (MAP_FIXED): no other thread's mmap can
+ *               take it in between.
+ * dlm_detach    the range, rounded out to whole base pages, leaves DLM with its data: plain
+ *               private anonymous memory at the same address (e.g. before mprotect(2) makes
+ *               it read-only: DLM memory must stay read-write).
+ * dlm_prefetch  MADV_WILLNEED: the units are requested now, installed as the program reaches
+ *               them (at most a quarter of local_mem at a time).
+ * dlm_set_access  MADV_NORMAL (0) / MADV_SEQUENTIAL (1) / MADV_RANDOM (2) for the areas
+ *               overlapping the range: read-ahead after a sequential run (the default), from
+ *               the first fault, or none.
+ * fork(2): DLM memory is not inherited (MADV_DONTFORK): a child would otherwise see zeros
+ * where its parent's pages live on a server. In a child every dlm_* call but dlm_init
+ * returns -ECHILD and never touches the parent's connections; the child may dlm_init a
+ * runtime of its own. */
+int dlm_discard(void *addr, size_t len);
+int dlm_unmap(void *addr, size_t len);
+int dlm_forget(void *addr, size_t len);
+int dlm_detach(void *addr, size_t len);
+int dlm_prefetch(void *addr, size_t len);
+int dlm_set_access(void *addr, size_t len, int access);
 /* The process is about to exit: write the decisions to PAGEWISE_DLM_DECISIONS. DLM memory
  * stays valid until the process ends. */
 int dlm_finish(void);

@@ -71,6 +71,14 @@ int64_t hps_get_active(struct hps_page *buf, size_t n);
 void *hps_arena_alloc(size_t len);
 int hps_arena_free(void *p);
 int hps_release(void *p, size_t len);
+/* Calls on part of an arena (page aligned), with the meaning Linux gives them on private
+ * memory: hps_unmap unmaps [p, p+len) (an arena of which nothing is left is freed);
+ * hps_forget does the same but leaves the range mapped for the caller to map over it at once
+ * (MAP_FIXED); hps_detach takes the range out of HPS with its data (plain private anonymous
+ * memory from now on, e.g. for the program's own MADV_HUGEPAGE or mprotect). */
+int hps_unmap(void *p, size_t len);
+int hps_forget(void *p, size_t len);
+int hps_detach(void *p, size_t len);
 void *hps_huge_alloc(size_t len);
 int hps_stats(struct hps_stats *out);
 int64_t hps_page_acs(char *buf, size_t n);

@@ -37,11 +37,11 @@ pub struct Args {
     #[arg(long, default_value = "64G")]
     server_capacity: String,
     /// The paging unit: a size (4K..64M, a power of two), or `auto`: start at --max-page-size
-    /// and let the tuner follow the working set down to 16 KiB.
+    /// and let the tuner follow the program down to 4 KiB.
     #[arg(long, default_value = "auto")]
     page_size: String,
     /// Largest unit under `--page-size auto`.
-    #[arg(long, default_value = "128K")]
+    #[arg(long, default_value = "1M")]
     max_page_size: String,
     /// Allocations of at least this many bytes go to DLM memory; smaller ones stay in libc.
     #[arg(long, default_value = "1M")]
@@ -121,30 +121,39 @@ fn check_reachable(servers: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// (base page, max set, set count, auto) for `--page-size`.
+/// (base page, max set, set count, auto) for `--page-size`. The base page is always 4 KiB:
+/// the paging unit is a whole number of pages, and every call a program makes on part of its
+/// memory (madvise, munmap, mprotect: whole pages) falls on base-page boundaries.
 fn page_sizes(page: &str, max: &str) -> Result<(usize, u32, u32, bool)> {
-    const BASE: usize = 16 << 10;
+    const BASE: usize = 4 << 10;
     if page == "auto" {
         let max = parse_size(max)?;
         if !max.is_power_of_two() || !(BASE..=(64 << 20)).contains(&max) {
-            bail!("--max-page-size {max} must be a power of two in 16K..64M");
+            bail!("--max-page-size {max} must be a power of two in 4K..64M");
         }
         let sets = (max / BASE) as u32;
         return Ok((BASE, sets, sets, true));
     }
     let size = parse_size(page)?;
-    if !size.is_power_of_two() || !(4096..=(64 << 20)).contains(&size) {
+    if !size.is_power_of_two() || !(BASE..=(64 << 20)).contains(&size) {
         bail!("--page-size {page} must be `auto` or a power of two in 4K..64M");
     }
-    let base = size.min(BASE);
-    let sets = (size / base) as u32;
-    Ok((base, sets, sets, false))
+    let sets = (size / BASE) as u32;
+    Ok((BASE, sets, sets, false))
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
     let local = parse_size(&a.local_mem)?;
     let min_alloc = parse_size(&a.min_alloc)?;
-    let (base, max_set, set_count, auto) = page_sizes(&a.page_size, &a.max_page_size)?;
+    let (base, mut max_set, mut set_count, auto) = page_sizes(&a.page_size, &a.max_page_size)?;
+    if auto {
+        // Under auto the largest unit is a ceiling, not a demand: it shrinks to fit a small
+        // local memory (two units at least).
+        while max_set > 1 && local < 2 * base * max_set as usize {
+            max_set /= 2;
+        }
+        set_count = max_set;
+    }
     if local < 2 * base * max_set as usize {
         bail!("--local-mem {} is below two of the largest units ({} bytes)", a.local_mem, 2 * base * max_set as usize);
     }
@@ -243,11 +252,11 @@ mod tests {
 
     #[test]
     fn page_size_flags() {
-        assert_eq!(page_sizes("auto", "128K").unwrap(), (16 << 10, 8, 8, true));
-        assert_eq!(page_sizes("64K", "128K").unwrap(), (16 << 10, 4, 4, false));
-        assert_eq!(page_sizes("4K", "128K").unwrap(), (4 << 10, 1, 1, false));
-        assert!(page_sizes("48K", "128K").is_err());
-        assert!(page_sizes("auto", "8K").is_err());
+        assert_eq!(page_sizes("auto", "1M").unwrap(), (4 << 10, 256, 256, true));
+        assert_eq!(page_sizes("64K", "1M").unwrap(), (4 << 10, 16, 16, false));
+        assert_eq!(page_sizes("4K", "1M").unwrap(), (4 << 10, 1, 1, false));
+        assert!(page_sizes("48K", "1M").is_err());
+        assert!(page_sizes("auto", "2K").is_err());
     }
 
     #[test]

@@ -68,6 +68,19 @@ fn guard(f: impl FnOnce() -> c_int) -> c_int {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(-libc::EFAULT)
 }
 
+/// Run `f` on this process's runtime: -ENODEV when none was started, -ECHILD in a child made
+/// by fork(2) of the process that started it (its connections and areas are the parent's).
+fn with_dlm(f: impl FnOnce(&Dlm) -> c_int) -> c_int {
+    guard(|| {
+        let g = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
+        match g.as_ref() {
+            None => -libc::ENODEV,
+            Some(d) if !d.owned_here() => -libc::ECHILD,
+            Some(d) => f(d),
+        }
+    })
+}
+
 fn config_from_c(cfg: &DlmConfig) -> Result<Config, c_int> {
     let mut c = Config::default();
     if cfg.servers.is_null() {
@@ -120,8 +133,12 @@ pub unsafe extern "C" fn dlm_init(cfg: *const DlmConfig) -> c_int {
             }
         };
         let mut g = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
-        if g.is_some() {
-            return -libc::EBUSY;
+        match g.as_ref() {
+            // A child made by fork(2) may start a runtime of its own; its parent's is forgotten
+            // untouched (`Dlm`'s drop in a child).
+            Some(d) if !d.owned_here() => drop(g.take()),
+            Some(_) => return -libc::EBUSY,
+            None => {}
         }
         match Dlm::init(config) {
             Ok(d) => {
@@ -142,12 +159,10 @@ pub unsafe extern "C" fn dlm_init(cfg: *const DlmConfig) -> c_int {
 /// `out` is a valid pointer to a `void *`.
 #[no_mangle]
 pub unsafe extern "C" fn dlm_alloc(len: usize, out: *mut *mut c_void) -> c_int {
-    guard(|| {
-        if out.is_null() {
-            return -libc::EINVAL;
-        }
-        let g = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(d) = g.as_ref() else { return -libc::ENODEV };
+    if out.is_null() {
+        return -libc::EINVAL;
+    }
+    with_dlm(|d| {
         match d.alloc(len) {
             Ok(p) => {
                 // SAFETY: out is valid per the contract.
@@ -162,21 +177,13 @@ pub unsafe extern "C" fn dlm_alloc(len: usize, out: *mut *mut c_void) -> c_int {
 /// Free an area from `dlm_alloc`.
 #[no_mangle]
 pub extern "C" fn dlm_free(ptr: *mut c_void) -> c_int {
-    guard(|| {
-        let g = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(d) = g.as_ref() else { return -libc::ENODEV };
-        d.free(ptr as *mut u8).map(|_| 0).unwrap_or_else(|e| e.errno())
-    })
+    with_dlm(|d| d.free(ptr as *mut u8).map(|_| 0).unwrap_or_else(|e| e.errno()))
 }
 
 /// Change the set count (page size = base page × count).
 #[no_mangle]
 pub extern "C" fn dlm_set_count(count: c_uint) -> c_int {
-    guard(|| {
-        let g = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(d) = g.as_ref() else { return -libc::ENODEV };
-        d.set_count(count).map(|_| 0).unwrap_or_else(|e| e.errno())
-    })
+    with_dlm(|d| d.set_count(count).map(|_| 0).unwrap_or_else(|e| e.errno()))
 }
 
 /// Fill `*out` with the runtime's counters.
@@ -185,12 +192,10 @@ pub extern "C" fn dlm_set_count(count: c_uint) -> c_int {
 /// `out` points at a writable `struct dlm_stats`.
 #[no_mangle]
 pub unsafe extern "C" fn dlm_stats(out: *mut DlmStats) -> c_int {
-    guard(|| {
-        if out.is_null() {
-            return -libc::EINVAL;
-        }
-        let g = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(d) = g.as_ref() else { return -libc::ENODEV };
+    if out.is_null() {
+        return -libc::EINVAL;
+    }
+    with_dlm(|d| {
         let s = d.stats();
         let c = DlmStats {
             mode: mode_to_c(s.mode),
@@ -222,6 +227,11 @@ pub extern "C" fn dlm_shutdown() -> c_int {
     guard(|| {
         let mut g = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
         match g.take() {
+            Some(d) if !d.owned_here() => {
+                // A child's copy of its parent's runtime: forgotten untouched.
+                drop(d);
+                -libc::ECHILD
+            }
             Some(d) => {
                 d.shutdown();
                 0
@@ -234,24 +244,16 @@ pub extern "C" fn dlm_shutdown() -> c_int {
 /// Begin measuring compute loop `loop_id` (its own unit size comes into force).
 #[no_mangle]
 pub extern "C" fn dlm_start(loop_id: u64) -> c_int {
-    guard(|| {
-        let g = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(d) = g.as_ref() else { return -libc::ENODEV };
-        d.loop_start(loop_id).map(|_| 0).unwrap_or_else(|e| e.errno())
-    })
+    with_dlm(|d| d.loop_start(loop_id).map(|_| 0).unwrap_or_else(|e| e.errno()))
 }
 
 /// End measuring loop `loop_id`: the tuner decides its unit size from now on. Returns the new
 /// unit size in KiB (> 0) or a negative errno.
 #[no_mangle]
 pub extern "C" fn dlm_end(loop_id: u64) -> c_int {
-    guard(|| {
-        let g = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(d) = g.as_ref() else { return -libc::ENODEV };
-        match d.loop_end(loop_id) {
-            Ok(dec) => (dec.new_size >> 10).min(c_int::MAX as usize) as c_int,
-            Err(e) => e.errno(),
-        }
+    with_dlm(|d| match d.loop_end(loop_id) {
+        Ok(dec) => (dec.new_size >> 10).min(c_int::MAX as usize) as c_int,
+        Err(e) => e.errno(),
     })
 }
 
@@ -264,7 +266,7 @@ pub extern "C" fn dlm_end(loop_id: u64) -> c_int {
 pub unsafe extern "C" fn dlm_decisions_json(buf: *mut c_char, len: usize) -> isize {
     let r = std::panic::catch_unwind(|| {
         let g = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(d) = g.as_ref() else { return -(libc::ENODEV as isize) };
+        let Some(d) = g.as_ref().filter(|d| d.owned_here()) else { return -(libc::ENODEV as isize) };
         let json = d.decisions_json();
         if !buf.is_null() && len > 0 {
             let n = json.len().min(len - 1);
@@ -289,6 +291,9 @@ pub unsafe extern "C" fn dlm_alloc_at(addr: *mut c_void, len: usize) -> isize {
     let r = std::panic::catch_unwind(|| {
         let g = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
         let Some(d) = g.as_ref() else { return -(libc::ENODEV as isize) };
+        if !d.owned_here() {
+            return -(libc::ECHILD as isize);
+        }
         // SAFETY: forwarded contract.
         match unsafe { d.alloc_at(addr as usize, len) } {
             Ok(n) => n as isize,
@@ -302,10 +307,59 @@ pub unsafe extern "C" fn dlm_alloc_at(addr: *mut c_void, len: usize) -> isize {
 /// memory stays valid (other threads may still use it until the process ends).
 #[no_mangle]
 pub extern "C" fn dlm_finish() -> c_int {
-    guard(|| {
-        let g = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(d) = g.as_ref() else { return -libc::ENODEV };
+    with_dlm(|d| {
         d.write_decisions();
         0
     })
+}
+
+/// Turn a `Result` of the range calls into the C convention.
+fn status(r: Result<(), crate::DlmError>) -> c_int {
+    r.map(|_| 0).unwrap_or_else(|e| e.errno())
+}
+
+/// `[addr, addr + len)` reads as zeros from now on (MADV_DONTNEED / MADV_FREE on DLM memory).
+#[no_mangle]
+pub extern "C" fn dlm_discard(addr: *mut c_void, len: usize) -> c_int {
+    with_dlm(|d| status(d.discard(addr as usize, len)))
+}
+
+/// Unmap `[addr, addr + len)` (whole base pages) of DLM memory, as munmap(2) of part of an
+/// area; an area of which nothing is left is freed.
+#[no_mangle]
+pub extern "C" fn dlm_unmap(addr: *mut c_void, len: usize) -> c_int {
+    with_dlm(|d| status(d.unmap(addr as usize, len)))
+}
+
+/// As `dlm_unmap`, but the range stays mapped (plain memory, its pages dropped) for the caller
+/// to map over it at once (MAP_FIXED), so that no other thread's mmap can take it in between.
+#[no_mangle]
+pub extern "C" fn dlm_forget(addr: *mut c_void, len: usize) -> c_int {
+    with_dlm(|d| status(d.forget(addr as usize, len)))
+}
+
+/// `[addr, addr + len)`, rounded out to whole base pages, leaves DLM with its data: ordinary
+/// private anonymous memory at the same address from now on.
+#[no_mangle]
+pub extern "C" fn dlm_detach(addr: *mut c_void, len: usize) -> c_int {
+    with_dlm(|d| status(d.detach(addr as usize, len)))
+}
+
+/// Fetch `[addr, addr + len)` ahead of use (MADV_WILLNEED).
+#[no_mangle]
+pub extern "C" fn dlm_prefetch(addr: *mut c_void, len: usize) -> c_int {
+    with_dlm(|d| status(d.prefetch(addr as usize, len)))
+}
+
+/// Read-ahead of the areas overlapping `[addr, addr + len)`: 0 normal, 1 sequential (from the
+/// first fault), 2 random (none) — MADV_NORMAL / MADV_SEQUENTIAL / MADV_RANDOM.
+#[no_mangle]
+pub extern "C" fn dlm_set_access(addr: *mut c_void, len: usize, access: c_int) -> c_int {
+    let access = match access {
+        0 => crate::Access::Normal,
+        1 => crate::Access::Sequential,
+        2 => crate::Access::Random,
+        _ => return -libc::EINVAL,
+    };
+    with_dlm(|d| status(d.set_access(addr as usize, len, access)))
 }

@@ -88,8 +88,11 @@ pub struct Config {
     /// naming the server (`None`: wait forever). Also bounds how long a dead peer goes unseen
     /// (TCP keepalive and TCP_USER_TIMEOUT).
     pub fault_timeout: Option<std::time::Duration>,
-    /// Areas are not inherited by children made with fork(2) (MADV_DONTFORK): a child would
-    /// otherwise see zeros where the parent's pages live on a server. `pagewise run` sets it.
+    /// Areas are not inherited by children made with fork(2) (MADV_DONTFORK, the default): a
+    /// child would otherwise see zeros where the parent's pages live on a server, and the
+    /// parent could not move pages the child shares copy-on-write (UFFDIO_MOVE: EBUSY).
+    /// false: the child gets the pages resident at fork and zeros elsewhere — only for a
+    /// child that never reads DLM memory.
     pub dont_fork: bool,
 }
 
@@ -112,7 +115,7 @@ impl Default for Config {
             tune_window: std::time::Duration::from_millis(200),
             decisions_path: None,
             fault_timeout: Some(std::time::Duration::from_secs(30)),
-            dont_fork: false,
+            dont_fork: true,
         }
     }
 }

@@ -36,7 +36,7 @@ pub mod transport;
 pub mod tune;
 
 pub use config::{parse_size, Config, FaultMode};
-pub use runtime::{Dlm, Stats};
+pub use runtime::{Access, Dlm, Stats};
 
 /// Errors of the DLM runtime's API (fault-path failures stop the program instead).
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +66,9 @@ pub enum DlmError {
     /// a runtime already exists in this process
     #[error("dlm: already initialised in this process")]
     AlreadyInitialised,
+    /// the runtime belongs to the parent of this process (a child made by fork(2))
+    #[error("dlm: the runtime belongs to this process's parent (fork); start one of its own")]
+    NotOwner,
 }
 
 impl DlmError {
@@ -78,6 +81,7 @@ impl DlmError {
             DlmError::Kernel(e) => e.errno().unwrap_or(libc::EINVAL),
             DlmError::Thread(e) | DlmError::Signal(e) => e.raw_os_error().unwrap_or(libc::EAGAIN),
             DlmError::AlreadyInitialised => libc::EBUSY,
+            DlmError::NotOwner => libc::ECHILD,
         }
     }
 }

@@ -122,6 +122,7 @@ mod evict;
 mod fault;
 mod frames;
 mod install;
+mod ranges;
 mod remote;
 
 use evict::Run;
@@ -164,6 +165,34 @@ type MemfdView = (Mapping, OwnedFd);
 const NONE: u32 = u32::MAX;
 /// Page table value: requested from its home, reply not yet installed.
 const INFLIGHT: u32 = u32::MAX - 1;
+/// Page table value: unmapped by the program (`Dlm::unmap`), or beyond the allocation: not
+/// DLM's any more, and whatever the program maps there later is not either.
+const GONE: u32 = u32::MAX - 2;
+/// Page table value: left DLM with its data (`Dlm::detach`): ordinary memory of the program.
+const DETACHED: u32 = u32::MAX - 3;
+
+/// Whether a page table value names a CLOCK slot (a resident page), not a state.
+fn is_resident(slot: u32) -> bool {
+    slot < DETACHED
+}
+
+/// Whether a page table value is a page DLM still serves (resident, on its way, or at home).
+fn is_live(slot: u32) -> bool {
+    slot != GONE && slot != DETACHED
+}
+
+/// How the program will access an area (`madvise` MADV_NORMAL / MADV_SEQUENTIAL /
+/// MADV_RANDOM), as the kernel reads it for its own read-ahead.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Access {
+    /// Read ahead once faults continue a sequential run (the default).
+    #[default]
+    Normal,
+    /// Read ahead from the first fault on.
+    Sequential,
+    /// No read-ahead.
+    Random,
+}
 /// Pending replies a connection may owe at most.
 const MAX_PENDING: usize = 2048;
 
@@ -214,6 +243,9 @@ pub struct Stats {
     pub joined_move_ins: u64,
     /// Units installed as zeros because they were never written back.
     pub zero_units: u64,
+    /// Bytes the program dropped (`Dlm::discard`, `unmap`, `detach`) that their homes were
+    /// told to forget (DISCARD).
+    pub discarded_bytes: u64,
     /// Clean units left writable and remembered by a hash of their bytes instead of
     /// write-protected (`Config::hash_clean`; module doc, "Dirty tracking").
     pub hashed_installs: u64,
@@ -246,7 +278,7 @@ struct Area {
     layout: Layout,
     /// Region id on each server (0: none there).
     regions: Vec<u32>,
-    /// Per base page: clock slot, NONE or INFLIGHT.
+    /// Per base page: clock slot, NONE, INFLIGHT, or not DLM's any more (GONE, DETACHED).
     slot: Vec<u32>,
     /// Per base page: its home holds data written back (else it still reads as zeros).
     home_written: Vec<bool>,
@@ -255,8 +287,13 @@ struct Area {
     /// Sequential-stream detection: end page of the last demand fault and the window.
     last_end: usize,
     window: usize,
-    /// The program's view; unmapped when the area is dropped.
-    _view: Mapping,
+    /// Bytes of the program's view mapped when the area was made: the allocation rounded up to
+    /// whole base pages (the layout's pages beyond it are GONE from the start). The view is
+    /// unmapped a live run at a time when the area is freed (`free_locked`), since the program
+    /// may have unmapped parts of it and mapped something else there since.
+    view_len: usize,
+    /// How the program said it will access the area (`madvise`): steers read-ahead.
+    access: Access,
     /// SIGSEGV mode: the private read-write view and the memfd behind both.
     staging: Option<(Mapping, OwnedFd)>,
     /// Zero-copy userfaultfd mode: the runtime's own read-write view of the memfd behind the
@@ -306,6 +343,8 @@ pub(crate) struct Inner {
     uffd: Option<Uffd>,
     state: Mutex<State>,
     stop: AtomicBool,
+    /// The process that started the runtime: the only one that may use it (`check_owner`).
+    owner: u32,
 }
 
 /// The DLM runtime of this process (at most one at a time).
@@ -455,6 +494,7 @@ impl Dlm {
             uffd,
             state: Mutex::new(state),
             stop: AtomicBool::new(false),
+            owner: std::process::id(),
         });
         let mut dlm = Dlm { inner: Arc::clone(&inner), handler: None, signal: None };
         match mode {
@@ -476,6 +516,12 @@ impl Dlm {
         Ok(dlm)
     }
 
+    /// Whether this process started the runtime (false in a child made by fork(2), which
+    /// must not use it: its connections and areas are the parent's).
+    pub fn owned_here(&self) -> bool {
+        self.inner.check_owner().is_ok()
+    }
+
     /// The fault mode in use.
     pub fn mode(&self) -> FaultMode {
         self.inner.mode
@@ -486,18 +532,19 @@ impl Dlm {
         self.alloc_inner(len, None)
     }
 
-    /// Make `[addr, addr + n)` an area, where n is `len` rounded down to whole largest units
+    /// Make `[addr, addr + n)` an area, where n is `len` rounded down to whole base pages
     /// (returned), replacing what is mapped there now; its content starts as zeros. For memory
-    /// that must keep its address, such as a program's zero-initialised data (`pagewise run
-    /// --bss`). Userfaultfd modes only (not SIGSEGV). The area is anonymous memory, keeping the
-    /// private semantics of what it replaces.
+    /// that must keep its address: a program's zero-initialised data (`pagewise run --bss`),
+    /// or an anonymous mapping the program places itself (MAP_FIXED, or a reservation it
+    /// commits). Userfaultfd modes only (not SIGSEGV). The area is anonymous memory, keeping
+    /// the private semantics of what it replaces.
     ///
     /// # Safety
     /// The caller owns `[addr, addr + len)`: nothing else uses or unmaps what is there now.
     pub unsafe fn alloc_at(&self, addr: usize, len: usize) -> Result<usize, DlmError> {
-        let n = len / self.inner.cfg.block() * self.inner.cfg.block();
+        let n = len / self.inner.cfg.base_page * self.inner.cfg.base_page;
         if n == 0 {
-            return Err(DlmError::Config(format!("{len} bytes are less than one largest unit")));
+            return Err(DlmError::Config(format!("{len} bytes are less than one base page")));
         }
         if self.inner.mode == FaultMode::Sigsegv {
             return Err(DlmError::Config("a fixed-address area needs userfaultfd (not the SIGSEGV mode)".into()));
@@ -623,7 +670,7 @@ impl Dlm {
         for (ai, a) in st.areas.iter().enumerate() {
             let Some(a) = a else { continue };
             for (p, &s) in a.slot.iter().enumerate() {
-                if s == NONE {
+                if s == NONE || !is_live(s) {
                     continue;
                 }
                 pages += 1;
@@ -669,6 +716,17 @@ impl Dlm {
     }
 
     fn stop(&mut self) {
+        if self.inner.check_owner().is_err() {
+            // A child made by fork(2): the connections, areas and handler thread are its
+            // parent's (the areas and the runtime's mappings are not even mapped here, and the
+            // child may have mapped its own memory where they lie). Touch nothing; forget it.
+            std::mem::forget(self.handler.take());
+            let _ = self.signal.take();
+            std::mem::forget(Arc::clone(&self.inner));
+            self.inner.stop.store(true, Ordering::Release);
+            INITIALISED.store(false, Ordering::Release);
+            return;
+        }
         {
             let mut st = self.inner.lock();
             write_decisions(&self.inner.cfg, &st.measure);

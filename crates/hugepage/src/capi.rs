@@ -431,6 +431,38 @@ pub extern "C" fn hps_release(p: *mut c_void, len: usize) -> c_int {
     }) as c_int
 }
 
+/// Run one of the calls on part of an arena for C: 0 or a negative errno.
+fn on_range(f: impl FnOnce(&Hps) -> crate::Result<()>) -> c_int {
+    guarded(|| {
+        let Some(h) = current() else { return -(libc::EINVAL as i64) };
+        match f(&h) {
+            Ok(()) => 0,
+            Err(e) => -(e.errno() as i64),
+        }
+    }) as c_int
+}
+
+/// `[p, p+len)` of an arena is unmapped (munmap of part of it, `hps_unmap`); an arena of which
+/// nothing is left is freed. Page aligned.
+#[no_mangle]
+pub extern "C" fn hps_unmap(p: *mut c_void, len: usize) -> c_int {
+    on_range(|h| h.unmap(p as usize, len, false))
+}
+
+/// As `hps_unmap`, but the range stays mapped for the caller to map over it at once
+/// (MAP_FIXED), so no other thread's mmap can take it in between (`hps_forget`).
+#[no_mangle]
+pub extern "C" fn hps_forget(p: *mut c_void, len: usize) -> c_int {
+    on_range(|h| h.unmap(p as usize, len, true))
+}
+
+/// `[p, p+len)` of an arena leaves HPS with its data: plain private anonymous memory at the
+/// same address from now on (`hps_detach`). Page aligned.
+#[no_mangle]
+pub extern "C" fn hps_detach(p: *mut c_void, len: usize) -> c_int {
+    on_range(|h| h.detach(p as usize, len))
+}
+
 /// Hugepage-backed memory for hot objects, the compaction target (`hps_huge_alloc`).
 #[no_mangle]
 pub extern "C" fn hps_huge_alloc(len: usize) -> *mut c_void {

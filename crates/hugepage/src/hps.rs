@@ -325,6 +325,59 @@ impl Hps {
         Ok(())
     }
 
+    /// `[addr, addr+len)` of an arena (page aligned) is unmapped by the program (munmap), or
+    /// about to be replaced by a mapping of its own (`leave_mapped`: MAP_FIXED): tracking
+    /// forgets it, its memory is released, and an arena of which nothing is left is freed.
+    pub fn unmap(&self, addr: usize, len: usize, leave_mapped: bool) -> Result<()> {
+        self.give_up(addr, len, |addr, len| {
+            if leave_mapped {
+                return Ok(());
+            }
+            // SAFETY: the range is the program's to unmap; the arena gave it up above.
+            unsafe { pagewise_kernel::mem::munmap(addr, len) }.map_err(Error::from)
+        })
+    }
+
+    /// `[addr, addr+len)` of an arena (page aligned) leaves HPS with its data: plain private
+    /// anonymous memory at the same address from now on, made in a fresh mapping and moved
+    /// over the range in one step (a thread touching it meanwhile sees the old mapping or the
+    /// new one). For what the program asks of its memory that a tracked shared mapping cannot
+    /// give: its own MADV_HUGEPAGE, a protection other than read-write.
+    pub fn detach(&self, addr: usize, len: usize) -> Result<()> {
+        use pagewise_kernel::mem::{move_mapping, munmap, MapOptions, Mapping};
+        let copy = Mapping::anonymous(len, &MapOptions::default())?;
+        // SAFETY: the range is the program's read-write memory in an arena (the caller's
+        // contract); reading an armed page is a minor fault the tracker serves.
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, copy.as_ptr(), len) };
+        let (from, _) = copy.into_raw();
+        // SAFETY: `from` is the fresh mapping given up above; the range is the caller's.
+        if let Err(e) = unsafe { move_mapping(from as usize, addr, len) } {
+            // SAFETY: the move did not happen: still ours.
+            let _ = unsafe { munmap(from as usize, len) };
+            return Err(e.into());
+        }
+        self.give_up(addr, len, |_, _| Ok(()))
+    }
+
+    /// Forget `[addr, addr+len)` in the tracker (waiting for its work there), release its
+    /// memory and mark it the arena's no more; `then` does what the caller does to the range;
+    /// the arena goes once nothing of it is left.
+    fn give_up(&self, addr: usize, len: usize, then: impl FnOnce(usize, usize) -> Result<()>) -> Result<()> {
+        let mut arenas = self.shared.arenas.lock().expect("arenas lock");
+        let pos = arenas
+            .iter()
+            .position(|a| addr >= a.addr() && addr + len <= a.addr() + a.len())
+            .ok_or(pagewise_track::Error::NotTracked(addr))?;
+        self.shared.tracker.forget(addr, len)?;
+        arenas[pos].give_up(addr, len)?;
+        then(addr, len)?;
+        if arenas[pos].all_given_up() {
+            let a = arenas.remove(pos);
+            self.shared.tracker.untrack(a.addr())?;
+        }
+        Ok(())
+    }
+
     /// Hugepage-backed memory for hot objects (the compaction target).
     pub fn huge_alloc(&self, len: usize) -> Result<*mut u8> {
         let mut huge = self.shared.huge.lock().expect("huge lock");
@@ -640,6 +693,13 @@ fn process(s: &Shared) -> Result<Outcome> {
             let own = cb.decide.as_mut().and_then(|f| f(addr, &view));
             let mut decision = own.unwrap_or_else(|| policy::decide(&view, &cfg.rule));
             if decision == Decision::Promote {
+                // Part of the region is no longer HPS's (unmapped or taken over by the
+                // program): it cannot become one hugepage.
+                let _ops = r.hold();
+                if !r.region_whole(region) {
+                    r.set_mode(region, RegionMode::Skip);
+                    continue;
+                }
                 match try_promote(s, addr)? {
                     PromoteResult::Done => {
                         r.set_mode(region, RegionMode::Skip);

@@ -2,6 +2,12 @@
 //!
 //! Preconditions shared by every function here: lengths are non-zero and addresses are
 //! page-aligned; both are checked before the syscall and rejected with [`Error::Invalid`].
+//!
+//! mmap, munmap, mremap, mprotect and madvise are made as raw system calls (`sys`), never
+//! through libc's wrappers: under `pagewise run` and `pagewise hps run` those wrappers are the
+//! preload shim's (preload/shim.c), which gives calls on Pagewise's areas the meaning Linux
+//! gives them for the program — and Pagewise's own calls on the memory behind those areas must
+//! reach the kernel as they are.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -124,7 +130,7 @@ pub fn madvise(addr: usize, len: usize, advice: Advice) -> Result<()> {
     check_range(addr, len)?;
     // SAFETY: madvise only changes kernel bookkeeping for [addr, addr+len); an unmapped range
     // gives ENOMEM, not undefined behaviour. Content-changing advice is the caller's contract.
-    let rc = unsafe { libc::madvise(addr as *mut libc::c_void, len, advice.raw()) };
+    let rc = unsafe { sys::madvise(addr, len, advice.raw()) };
     if rc != 0 {
         return Err(Error::last_os(advice.call_name()));
     }
@@ -153,11 +159,86 @@ impl Protection {
 pub fn mprotect(addr: usize, len: usize, prot: Protection) -> Result<()> {
     check_range(addr, len)?;
     // SAFETY: changes only access rights; misuse faults, it does not corrupt memory.
-    let rc = unsafe { libc::mprotect(addr as *mut libc::c_void, len, prot.raw()) };
+    let rc = unsafe { sys::mprotect(addr, len, prot.raw()) };
     if rc != 0 {
         return Err(Error::last_os("mprotect"));
     }
     Ok(())
+}
+
+/// munmap(2) of a range of this process.
+///
+/// # Safety
+/// Nothing may use `[addr, addr + len)` afterwards, and no [`Mapping`] may own any of it (its
+/// drop would unmap whatever is mapped there later).
+pub unsafe fn munmap(addr: usize, len: usize) -> Result<()> {
+    check_range(addr, len)?;
+    // SAFETY: the caller gives up the range.
+    if unsafe { sys::munmap(addr, len) } != 0 {
+        return Err(Error::last_os("munmap"));
+    }
+    Ok(())
+}
+
+/// Move the pages and page tables of `[from, from + len)` to `[to, to + len)`, replacing what
+/// was mapped there, in one step (mremap(2) with MREMAP_MAYMOVE | MREMAP_FIXED): a thread
+/// touching the target sees the old mapping or the new one, never a gap. `from` is left
+/// unmapped.
+///
+/// # Safety
+/// The caller owns both ranges: `from` is a mapping nothing else uses (and no [`Mapping`]
+/// owns any more), `to` is theirs to replace.
+pub unsafe fn move_mapping(from: usize, to: usize, len: usize) -> Result<()> {
+    check_range(from, len)?;
+    check_range(to, len)?;
+    // SAFETY: upheld by the caller.
+    if unsafe { sys::mremap(from, len, len, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, to) } == libc::MAP_FAILED {
+        return Err(Error::last_os("mremap(MREMAP_FIXED)"));
+    }
+    Ok(())
+}
+
+/// The memory system calls, made directly (module doc: why not libc's wrappers).
+mod sys {
+    // SAFETY (all): thin system-call wrappers with the system calls' own contracts, which
+    // their callers uphold.
+    pub(super) unsafe fn mmap(
+        addr: *mut libc::c_void,
+        len: usize,
+        prot: libc::c_int,
+        flags: libc::c_int,
+        fd: libc::c_int,
+        off: libc::off_t,
+    ) -> *mut libc::c_void {
+        // SAFETY: see the module.
+        unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut libc::c_void }
+    }
+
+    pub(super) unsafe fn munmap(addr: usize, len: usize) -> libc::c_int {
+        // SAFETY: see the module.
+        unsafe { libc::syscall(libc::SYS_munmap, addr, len) as libc::c_int }
+    }
+
+    pub(super) unsafe fn mremap(
+        old: usize,
+        old_len: usize,
+        new_len: usize,
+        flags: libc::c_int,
+        new: usize,
+    ) -> *mut libc::c_void {
+        // SAFETY: see the module.
+        unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new) as *mut libc::c_void }
+    }
+
+    pub(super) unsafe fn madvise(addr: usize, len: usize, advice: libc::c_int) -> libc::c_int {
+        // SAFETY: see the module.
+        unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) as libc::c_int }
+    }
+
+    pub(super) unsafe fn mprotect(addr: usize, len: usize, prot: libc::c_int) -> libc::c_int {
+        // SAFETY: see the module.
+        unsafe { libc::syscall(libc::SYS_mprotect, addr, len, prot) as libc::c_int }
+    }
 }
 
 /// Options of a new mapping.
@@ -245,7 +326,7 @@ impl Mapping {
         } else if over > 0 {
             // SAFETY: a fresh PROT_NONE reservation; no existing mapping is touched.
             let r = unsafe {
-                libc::mmap(
+                sys::mmap(
                     std::ptr::null_mut(),
                     len + over,
                     libc::PROT_NONE,
@@ -263,10 +344,10 @@ impl Mapping {
             // SAFETY: head and tail lie inside the reservation just made and are ours to drop.
             unsafe {
                 if head > 0 {
-                    libc::munmap(r, head);
+                    sys::munmap(r as usize, head);
                 }
                 if tail > 0 {
-                    libc::munmap((start + len) as *mut libc::c_void, tail);
+                    sys::munmap(start + len, tail);
                 }
             }
             flags |= libc::MAP_FIXED;
@@ -280,12 +361,12 @@ impl Mapping {
         // SAFETY: either a fresh mapping chosen by the kernel, MAP_FIXED over the reservation
         // this function owns exclusively, or MAP_FIXED at `fixed`, which the caller owns
         // (`anonymous_at`'s contract).
-        let ptr = unsafe { libc::mmap(base, len, prot, flags, fd.unwrap_or(-1), offset as libc::off_t) };
+        let ptr = unsafe { sys::mmap(base, len, prot, flags, fd.unwrap_or(-1), offset as libc::off_t) };
         if ptr == libc::MAP_FAILED {
             let err = Error::last_os("mmap");
             if !base.is_null() && fixed.is_none() {
                 // SAFETY: releasing our own reservation.
-                unsafe { libc::munmap(base, len) };
+                unsafe { sys::munmap(base as usize, len) };
             }
             return Err(err);
         }
@@ -354,8 +435,7 @@ impl Mapping {
             return Err(Error::Invalid(format!("new length {new_len} is not a positive page multiple")));
         }
         // SAFETY: we own the mapping; MAYMOVE lets the kernel pick a new place and we update ptr.
-        let p =
-            unsafe { libc::mremap(self.ptr.as_ptr() as *mut libc::c_void, self.len, new_len, libc::MREMAP_MAYMOVE) };
+        let p = unsafe { sys::mremap(self.addr(), self.len, new_len, libc::MREMAP_MAYMOVE, 0) };
         if p == libc::MAP_FAILED {
             return Err(Error::last_os("mremap"));
         }
@@ -368,7 +448,7 @@ impl Mapping {
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: we own [ptr, ptr+len) and nothing borrows it past our lifetime.
-        unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.len) };
+        unsafe { sys::munmap(self.addr(), self.len) };
     }
 }
 

@@ -6,18 +6,25 @@
 //! so every region can later be collapsed into one PMD hugepage (MADV_COLLAPSE on shmem gives
 //! `ShmemPmdMapped` in smaps).
 
-use std::fs::File;
-use std::os::unix::fs::MetadataExt;
+use std::sync::Mutex;
 
 use pagewise_kernel::mem::{self, align_up, Advice, MapOptions, Mapping, HUGE_PMD};
 
 use crate::Result;
 
-/// A memfd mapped shared, 2 MiB aligned, a whole number of 2 MiB regions long.
+/// A memfd mapped shared, 2 MiB aligned, a whole number of 2 MiB regions long: the program's
+/// view, which the program may cut holes into (`unmap`, `detach`), and an alias of the whole
+/// memfd the arena keeps for itself (releasing memory, counting it) — so the memfd's
+/// descriptor is closed once both are mapped: a program under `pagewise hps run` never runs
+/// out of descriptors, nor finds its sockets above 1024, because of its arenas.
 #[derive(Debug)]
 pub struct TrackedArena {
-    file: File,
-    map: Mapping,
+    addr: usize,
+    len: usize,
+    alias: Mapping,
+    /// Ranges of the view that are no longer the arena's, sorted: unmapped by the program or
+    /// detached (plain memory of its own now). Never unmapped, punched or counted again.
+    holes: Mutex<Vec<(usize, usize)>>,
 }
 
 impl TrackedArena {
@@ -26,39 +33,86 @@ impl TrackedArena {
         let len = align_up(len.max(1), HUGE_PMD);
         let fd = mem::memfd_create(name, None)?;
         mem::ftruncate(&fd, len as u64)?;
-        let map =
+        let view =
             Mapping::of_fd(&fd, len, 0, &MapOptions { shared: true, align: Some(HUGE_PMD), ..Default::default() })?;
-        Ok(TrackedArena { file: File::from(fd), map })
+        let alias = Mapping::of_fd(&fd, len, 0, &MapOptions { shared: true, ..Default::default() })?;
+        // The alias is the runtime's: a child made by fork(2) has no use for it.
+        alias.advise(Advice::DontFork)?;
+        let (addr, len) = view.into_raw();
+        Ok(TrackedArena { addr: addr as usize, len, alias, holes: Mutex::new(Vec::new()) })
     }
 
     pub fn addr(&self) -> usize {
-        self.map.addr()
+        self.addr
     }
 
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.len == 0
     }
 
     pub fn as_ptr(&self) -> *mut u8 {
-        self.map.as_ptr()
+        self.addr as *mut u8
     }
 
-    /// Bytes of memory the arena holds: the memfd's allocated blocks. Unlike the VMA's Rss this
-    /// includes pages whose mappings the tracker dropped (they still occupy memory).
+    /// Bytes of memory the arena holds: the memfd's pages in memory (mincore(2) on the alias
+    /// asks the page cache). Unlike the VMA's Rss this includes pages whose mappings the
+    /// tracker dropped (they still occupy memory).
     pub fn resident_bytes(&self) -> u64 {
-        self.file.metadata().map(|m| m.blocks() * 512).unwrap_or(0)
+        let mut v = vec![0u8; self.len / mem::page_size()];
+        if mem::mincore(self.alias.addr(), self.len, &mut v).is_err() {
+            return 0;
+        }
+        v.iter().filter(|&&b| b & 1 != 0).count() as u64 * mem::page_size() as u64
     }
 
-    /// Free the memory behind `[addr, addr+len)` (MADV_REMOVE punches a hole in the memfd);
-    /// the range reads back as zeros.
+    /// Free the memory behind `[addr, addr+len)` of the view, where it is still the arena's
+    /// (MADV_REMOVE on the alias punches a hole in the memfd); it reads back as zeros.
     pub fn release(&self, addr: usize, len: usize) -> Result<()> {
         self.check(addr, len)?;
-        mem::madvise(addr, len, Advice::Remove)?;
+        for (a, n) in self.live_parts(addr, len) {
+            mem::madvise(self.alias.addr() + (a - self.addr), n, Advice::Remove)?;
+        }
         Ok(())
+    }
+
+    /// `[addr, addr+len)` of the view is no longer the arena's (the caller unmapped it,
+    /// replaces it, or took it over): its memory is released and the arena never touches
+    /// that range again, nor unmaps it when dropped.
+    pub fn give_up(&self, addr: usize, len: usize) -> Result<()> {
+        self.release(addr, len)?;
+        let mut holes = self.holes.lock().expect("holes lock");
+        holes.push((addr, len));
+        holes.sort_unstable();
+        Ok(())
+    }
+
+    /// Whether nothing of the view is the arena's any more.
+    pub fn all_given_up(&self) -> bool {
+        self.live_parts(self.addr, self.len).is_empty()
+    }
+
+    /// The parts of `[addr, addr+len)` that are still the arena's.
+    pub fn live_parts(&self, addr: usize, len: usize) -> Vec<(usize, usize)> {
+        let holes = self.holes.lock().expect("holes lock");
+        let mut parts = Vec::new();
+        let (mut at, end) = (addr, addr + len);
+        for &(h, n) in holes.iter() {
+            if h + n <= at || h >= end {
+                continue;
+            }
+            if h > at {
+                parts.push((at, h - at));
+            }
+            at = at.max(h + n);
+        }
+        if at < end {
+            parts.push((at, end - at));
+        }
+        parts
     }
 
     fn check(&self, addr: usize, len: usize) -> Result<()> {
@@ -66,6 +120,15 @@ impl TrackedArena {
             return Err(crate::Error::NotTracked(addr));
         }
         Ok(())
+    }
+}
+
+impl Drop for TrackedArena {
+    fn drop(&mut self) {
+        for (a, n) in self.live_parts(self.addr, self.len) {
+            // SAFETY: a part of the view the arena still owns (holes are someone else's now).
+            let _ = unsafe { mem::munmap(a, n) };
+        }
     }
 }
 
@@ -90,5 +153,29 @@ mod tests {
         a.release(a.addr(), 1 << 20).unwrap();
         assert_eq!(a.resident_bytes(), 0);
         assert!(a.release(a.addr() + (4 << 20), 4096).is_err());
+    }
+
+    #[test]
+    fn a_range_given_up_is_released_and_never_unmapped_by_the_arena() {
+        let a = TrackedArena::new("pw-arena-holes", 2 << 20).unwrap();
+        // SAFETY: our own shared mapping.
+        unsafe { mem::touch_pages(a.addr(), 2 << 20) };
+        let hole = a.addr() + (1 << 20);
+        a.give_up(hole, 64 << 10).unwrap();
+        assert_eq!(a.resident_bytes(), (2 << 20) - (64 << 10));
+        assert_eq!(
+            a.live_parts(a.addr(), 2 << 20),
+            vec![(a.addr(), 1 << 20), (hole + (64 << 10), (1 << 20) - (64 << 10))]
+        );
+        // Something else is mapped in the hole; dropping the arena must leave it.
+        // SAFETY: the hole is no longer the arena's; we map our own memory there.
+        let other = unsafe { Mapping::anonymous_at(hole, 64 << 10, &MapOptions::default()) }.unwrap();
+        // SAFETY: our own mapping.
+        unsafe { (hole as *mut u64).write(42) };
+        assert!(!a.all_given_up());
+        drop(a);
+        // SAFETY: still mapped: the arena did not unmap its hole.
+        assert_eq!(unsafe { (hole as *const u64).read() }, 42);
+        drop(other);
     }
 }

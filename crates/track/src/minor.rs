@@ -39,6 +39,12 @@ pub struct TrackedRange {
     absent_count: AtomicUsize,
     /// Seen resident at an earlier arming: mincore(2) is skipped for runs of such pages.
     known_resident: Box<[AtomicBool]>,
+    /// No longer tracked (`forget`): unmapped or taken over; never armed again.
+    gone: Box<[AtomicBool]>,
+    /// Arming, settling and collapsing hold it shared, `forget` exclusively: once `forget`
+    /// returns, nothing the tracker does touches the forgotten pages' addresses, which the
+    /// program may unmap and the kernel give to another mapping.
+    ops: RwLock<()>,
     modes: Box<[AtomicU8]>,
     cursor: AtomicUsize,
 }
@@ -71,6 +77,8 @@ impl TrackedRange {
             absent: zeroed(pages),
             absent_count: AtomicUsize::new(0),
             known_resident: zeroed(pages),
+            gone: zeroed(pages),
+            ops: RwLock::new(()),
             modes: (0..regions).map(|_| AtomicU8::new(RegionMode::Sample as u8)).collect(),
             cursor: AtomicUsize::new(0),
         }
@@ -116,6 +124,52 @@ impl TrackedRange {
         self.acs[i].store(0, Ordering::Relaxed);
         self.obs[i].store(0, Ordering::Relaxed);
         self.known_resident[i].store(false, Ordering::Relaxed);
+    }
+
+    /// Stop tracking pages `[first, first + count)` for good (the program unmaps them or takes
+    /// them over): waits for arming, settling or collapsing under way, then they are never
+    /// armed or collapsed again.
+    pub fn forget(&self, first: usize, count: usize) {
+        let _ops = self.ops.write().unwrap_or_else(|e| e.into_inner());
+        for i in first..(first + count).min(self.pages()) {
+            self.gone[i].store(true, Ordering::Relaxed);
+            self.armed[i].store(false, Ordering::Relaxed);
+            if self.absent[i].swap(false, Ordering::Relaxed) {
+                self.absent_count.fetch_sub(1, Ordering::Relaxed);
+            }
+            self.reset_page(i);
+        }
+    }
+
+    /// Whether every page of `region` is still tracked (none forgotten): only such a region
+    /// may be collapsed.
+    pub fn region_whole(&self, region: usize) -> bool {
+        let first = region * PAGES_PER_REGION;
+        (first..(first + PAGES_PER_REGION).min(self.pages())).all(|i| !self.gone[i].load(Ordering::Relaxed))
+    }
+
+    /// Hold off `forget` while touching the range's memory (collapsing a region).
+    pub fn hold(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        self.ops.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The runs `(first, count)` of pages in `[first, first + count)` still tracked.
+    fn live_runs(&self, first: usize, count: usize) -> Vec<(usize, usize)> {
+        let mut runs = Vec::new();
+        let mut i = first;
+        let end = (first + count).min(self.pages());
+        while i < end {
+            if self.gone[i].load(Ordering::Relaxed) {
+                i += 1;
+                continue;
+            }
+            let s = i;
+            while i < end && !self.gone[i].load(Ordering::Relaxed) {
+                i += 1;
+            }
+            runs.push((s, i - s));
+        }
+        runs
     }
 
     /// Index of the page holding `addr`.
@@ -340,11 +394,20 @@ impl MinorTracker {
         let mut ranges = self.inner.ranges.write().expect("ranges lock");
         let pos = ranges.iter().position(|r| r.start == start).ok_or(Error::NotTracked(start))?;
         let r = ranges.remove(pos);
-        self.inner.uffd.unregister(r.start, r.len)?;
+        for (first, count) in r.live_runs(0, r.pages()) {
+            self.inner.uffd.unregister(r.start + first * PAGE, count * PAGE)?;
+        }
         if self.inner.delivery == Delivery::Sigbus {
             retire_slot(r.start);
         }
         self.inner.retired.lock().expect("retired lock").push(r);
+        Ok(())
+    }
+
+    /// Stop tracking `[addr, addr + len)` for good ([`TrackedRange::forget`]).
+    pub fn forget(&self, addr: usize, len: usize) -> Result<()> {
+        let r = self.range_of(addr).ok_or(Error::NotTracked(addr))?;
+        r.forget(r.page_of(addr), len.div_ceil(PAGE));
         Ok(())
     }
 
@@ -365,6 +428,14 @@ impl MinorTracker {
     /// [`MinorTracker::settle`] credits the ones that became resident since (mincore(2)), so a
     /// region being populated is not mistaken for an idle one.
     pub fn arm(&self, range: &TrackedRange, first: usize, count: usize) -> Result<()> {
+        let _ops = range.hold();
+        for (first, count) in range.live_runs(first, count) {
+            self.arm_run(range, first, count)?;
+        }
+        Ok(())
+    }
+
+    fn arm_run(&self, range: &TrackedRange, first: usize, count: usize) -> Result<()> {
         let t = Instant::now();
         // Pages stay resident until released (which resets them), so residency is asked once.
         let mut resident = vec![1u8; count];
@@ -392,13 +463,17 @@ impl MinorTracker {
             if r.absent_count.load(Ordering::Relaxed) == 0 {
                 continue;
             }
-            let mut resident = vec![0u8; r.pages()];
-            mem::mincore(r.start, r.len, &mut resident)?;
-            for (i, res) in resident.iter().enumerate() {
-                if res & 1 != 0 && r.absent[i].load(Ordering::Relaxed) {
-                    r.absent[i].store(false, Ordering::Relaxed);
-                    r.absent_count.fetch_sub(1, Ordering::Relaxed);
-                    r.acs[i].fetch_add(1, Ordering::Relaxed);
+            let _ops = r.hold();
+            for (first, count) in r.live_runs(0, r.pages()) {
+                let mut resident = vec![0u8; count];
+                mem::mincore(r.start + first * PAGE, count * PAGE, &mut resident)?;
+                for (k, res) in resident.iter().enumerate() {
+                    let i = first + k;
+                    if res & 1 != 0 && r.absent[i].load(Ordering::Relaxed) {
+                        r.absent[i].store(false, Ordering::Relaxed);
+                        r.absent_count.fetch_sub(1, Ordering::Relaxed);
+                        r.acs[i].fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             }
         }
@@ -451,7 +526,9 @@ impl Drop for MinorTracker {
         // otherwise wait forever. Unregistering wakes such waiters and later touches fault in
         // normally from the page cache.
         for r in self.ranges() {
-            let _ = self.inner.uffd.unregister(r.start, r.len);
+            for (first, count) in r.live_runs(0, r.pages()) {
+                let _ = self.inner.uffd.unregister(r.start + first * PAGE, count * PAGE);
+            }
         }
         if self.inner.delivery == Delivery::Sigbus {
             for r in self.ranges() {

@@ -52,6 +52,16 @@ impl Inner {
     /// system call for many units); the caller flushes `run` before anything can install
     /// pages into its ranges or take the kept frames.
     pub(super) fn evict(&self, st: &mut State, slot: usize, run: &mut Run) {
+        self.evict_unit(st, slot, run, true);
+    }
+
+    /// Drop the unit in CLOCK slot `slot` without writing it home: the program dropped its
+    /// data (`Dlm::discard`, `Dlm::unmap`). As [`Inner::evict`] otherwise.
+    pub(super) fn discard_unit(&self, st: &mut State, slot: usize, run: &mut Run) {
+        self.evict_unit(st, slot, run, false);
+    }
+
+    fn evict_unit(&self, st: &mut State, slot: usize, run: &mut Run, keep_data: bool) {
         let e = st.clock.remove(slot).expect("victim is live");
         let b = self.cfg.base_page;
         let ai = e.area as usize;
@@ -83,13 +93,14 @@ impl Inner {
                 crate::fatal(format_args!("pagewise dlm: write-protecting {start:#x}+{len:#x} failed: {err}"));
             }
         };
-        if e.dirty || e.clean_hash.is_some() {
+        if keep_data && (e.dirty || e.clean_hash.is_some()) {
             // The unit's data is read below, an armed unit's from its place in the shadow: be
             // sure it is there.
             run.flush();
         }
         let mut protected = false;
         let written = match e.clean_hash {
+            _ if !keep_data => false,
             None => e.dirty,
             Some(h) => {
                 if !e.armed && !self.sole_program_thread(st) {

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use pagewise_kernel::mem::{mprotect, Protection};
 use pagewise_kernel::uffd::Event;
 
-use super::{Inner, State, INFLIGHT, MAX_PENDING, NONE};
+use super::{Access, Inner, State, DETACHED, GONE, INFLIGHT, MAX_PENDING, NONE};
 use crate::config::FaultMode;
 
 pub(super) fn handler_thread(inner: &Inner) {
@@ -62,6 +62,26 @@ impl Inner {
             ((addr - a.addr) / b, a.addr)
         };
         let slot = st.areas[ai].as_ref().expect("present").slot[page];
+        if slot == DETACHED {
+            // Taken out of DLM (`Dlm::detach`) while this fault waited: the page is plain
+            // memory of the program now, its fault is retried there.
+            if let Some(u) = &self.uffd {
+                let _ = u.wake(addr & !(b - 1), b);
+            }
+            return Served::Ours;
+        }
+        if slot == GONE {
+            // Unmapped by the program (or past the allocation): whatever is there now is not
+            // DLM's. A handler-thread message for it is stale (the faulting access was to a
+            // range being unmapped): wake it; it retries and gets what the kernel gives.
+            if self.mode == FaultMode::HandlerThread {
+                if let Some(u) = &self.uffd {
+                    let _ = u.wake(addr & !(b - 1), b);
+                }
+                return Served::Ours;
+            }
+            return Served::NotOurs;
+        }
         if slot != NONE && slot != INFLIGHT {
             // Resident: a use of an armed unit, a first write (WP / PROT_READ), or a fault
             // that lost a race.
@@ -111,7 +131,12 @@ impl Inner {
         // window; anything else resets it.
         let ra = {
             let a = st.areas[ai].as_mut().expect("present");
-            a.window = crate::layout::next_window(a.window, was_inflight || first == a.last_end, self.cfg.readahead);
+            let (sequential, max) = match a.access {
+                Access::Normal => (was_inflight || first == a.last_end, self.cfg.readahead),
+                Access::Sequential => (true, self.cfg.readahead),
+                Access::Random => (false, 0),
+            };
+            a.window = crate::layout::next_window(a.window, sequential, max);
             a.last_end = first + count;
             a.window
         };

@@ -25,6 +25,13 @@ pub(super) enum Pending {
         count: usize,
         sent: Sent,
     },
+    /// Pages the program dropped, forgotten at their home (`Dlm::discard`).
+    Discard {
+        area: u32,
+        first: usize,
+        count: usize,
+        sent: Sent,
+    },
 }
 
 /// Where a READ's reply is received (`Inner::reply_target`).
@@ -92,14 +99,18 @@ impl Inner {
     pub(super) fn complete_one(&self, st: &mut State, srv: usize) -> bool {
         let Some(p) = st.conns[srv].pending.pop_front() else { return false };
         let b = self.cfg.base_page;
-        let (ai, first, count, is_read, into, sent, open) = match p {
+        let (ai, first, count, op, into, sent, open) = match p {
             Pending::Read { area, first, count, into, sent, open } => {
-                (area as usize, first, count, true, into, sent, open)
+                (area as usize, first, count, Opcode::Read, into, sent, open)
             }
             Pending::Write { area, first, count, sent } => {
-                (area as usize, first, count, false, ReplyInto::Buffer, sent, None)
+                (area as usize, first, count, Opcode::Write, ReplyInto::Buffer, sent, None)
+            }
+            Pending::Discard { area, first, count, sent } => {
+                (area as usize, first, count, Opcode::Discard, ReplyInto::Buffer, sent, None)
             }
         };
+        let is_read = op == Opcode::Read;
         let start = st.areas[ai].as_ref().map(|a| a.addr + first * b).unwrap_or(0);
         st.flush(srv, start, count * b);
         // While the reply is awaited, its destination is read into the cache a chunk at a
@@ -136,7 +147,6 @@ impl Inner {
             ),
             Err(e) => st.fail(srv, &format_args!("connection lost: {e}"), start, count * b),
         };
-        let op = if is_read { Opcode::Read } else { Opcode::Write };
         // Every reply is checked against its request before a byte of it is used: a reply
         // that does not match stops the program, it never installs bytes (issue 9).
         if let Some(why) = sent.mismatch(&h, op, if is_read { count * b } else { 0 }) {
@@ -308,8 +318,11 @@ impl State {
         DlmError::Server { server: self.conns[srv].addr.clone(), detail: e.to_string() }
     }
 
-    /// A synchronous request outside the fault path (ALLOC, FREE, STATS): error as a value.
+    /// A synchronous request outside the fault path (ALLOC, FREE, STATS, a detach's READ):
+    /// error as a value. Nothing may be owed on the connection (`Inner::drain_all`): the next
+    /// reply read is taken for this one's.
     pub(super) fn call_raw(&mut self, srv: usize, mut h: Header, payload: &[u8]) -> Result<Header, DlmError> {
+        assert!(self.conns[srv].pending.is_empty(), "replies owed before a synchronous call");
         self.flush(srv, 0, 0);
         let c = &mut self.conns[srv];
         h.request_id = c.next_id;
@@ -330,7 +343,6 @@ impl State {
     }
 
     pub(super) fn call(&mut self, srv: usize, h: Header, payload: &[u8]) -> Result<Header, DlmError> {
-        debug_assert!(self.conns[srv].pending.is_empty(), "drain before a synchronous call");
         let rep = self.call_raw(srv, h, payload)?;
         if rep.length > 0 {
             let mut body = vec![0u8; rep.length as usize];

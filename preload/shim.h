@@ -1,0 +1,60 @@
+/* What the parts of the preload shim share: its state, its tables and its way to the kernel.
+ * shim.c: start, exit, fork and the malloc family; vm.c: the memory system calls. */
+#ifndef PAGEWISE_PRELOAD_SHIM_H
+#define PAGEWISE_PRELOAD_SHIM_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "arena.h"
+#include "ranges.h"
+
+#define PW_PAGE 4096UL
+
+/* S_OFF: not started (or failed): nothing is routed. S_ON: routing. S_CHILD: a child made by
+ * fork(2): the areas are not here (MADV_DONTFORK), nothing is routed and the parent's arena
+ * is never called. S_DOWN: the program is exiting (the destructor ran while other threads may
+ * still run): nothing new is routed, what is routed stays valid and keeps its meaning. */
+enum { S_OFF, S_ON, S_CHILD, S_DOWN };
+
+extern _Atomic int pw_state;
+extern size_t pw_min_alloc;
+extern const struct pw_arena *pw_arena;
+
+/* A thread-local depth: while the shim (or the arena it calls) is working, every allocation
+ * and memory call of this thread goes straight to libc and the kernel. */
+extern __thread int pw_in_shim __attribute__((tls_model("initial-exec")));
+
+/* The tables, under pw_lock. `pw_routed`: the live routed parts of the address space (tag:
+ * the area's start). `pw_reserved`: the program's large PROT_NONE reservations not yet
+ * committed. `pw_blocks`: blocks the shim's malloc routed (start, start + whole pages; tag:
+ * bytes asked for) — the shim owns these pointers for their whole life. */
+extern pthread_mutex_t pw_lock;
+extern struct pw_ranges pw_routed, pw_reserved, pw_blocks;
+/* pw_routed.n + pw_reserved.n, readable without the lock: 0 lets calls on memory that is
+ * not the arena's skip the lock altogether. */
+extern _Atomic size_t pw_tracked;
+void pw_tables_changed(void);
+
+extern _Atomic unsigned long pw_routed_count, pw_fallbacks;
+
+static inline size_t pw_page_up(size_t n) { return (n + PW_PAGE - 1) & ~(PW_PAGE - 1); }
+
+/* Write a note on the shim's own copy of stderr. */
+void pw_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* A new routed area of at least len bytes, recorded in pw_routed (the lock is taken); NULL:
+ * leave the allocation to libc or the kernel. */
+void *pw_route(size_t len);
+
+/* The kernel's system calls, never libc's wrappers (which are the shim's). */
+void *pw_sys_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off);
+int pw_sys_munmap(void *addr, size_t len);
+void *pw_sys_mremap(void *old, size_t oldlen, size_t newlen, int flags, void *target);
+int pw_sys_mprotect(void *addr, size_t len, int prot);
+int pw_sys_madvise(void *addr, size_t len, int advice);
+
+#endif
