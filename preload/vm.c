@@ -217,6 +217,10 @@ PW_EXPORT void *mremap(void *old, size_t oldlen, size_t newlen, int flags, ...) 
         pw_ranges_remove(&pw_reserved, lo, hi);
         pw_tables_changed();
     }
+    if (!routed && (flags & MREMAP_FIXED) && aligned(target)) {
+        /* The kernel's move replaces what is at the target: it stops being the arena's. */
+        unroute_locked((uintptr_t)target, (uintptr_t)target + pw_page_up(newlen), 1);
+    }
     pthread_mutex_unlock(&pw_lock);
     if (!routed)
         return pw_sys_mremap(old, oldlen, newlen, flags, target);

@@ -26,7 +26,12 @@ pub(super) fn handler_thread(inner: &Inner) {
                     // A panic here would leave the faulting thread waiting forever: stop instead.
                     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         let mut st = inner.lock();
-                        inner.serve(&mut st, addr, write);
+                        if let Served::NotOurs = inner.serve(&mut st, addr, write) {
+                            // Registered with this userfaultfd but no area's: a range the
+                            // runtime gave up as the fault was taken. Retried, it meets what
+                            // is mapped there now.
+                            let _ = uffd.wake(addr & !(inner.cfg.base_page - 1), inner.cfg.base_page);
+                        }
                     }));
                     if r.is_err() {
                         crate::fatal(format_args!("pagewise dlm: the fault handler failed at {addr:#x}"));
@@ -51,12 +56,19 @@ pub(crate) enum Served {
 impl Inner {
     /// Serve a fault at `addr` (write: known to be a write). Fatal on server failure.
     pub(crate) fn serve(&self, st: &mut State, addr: usize, write: bool) -> Served {
-        let Some(ai) =
-            st.areas.iter().position(|a| a.as_ref().is_some_and(|a| addr >= a.addr && addr < a.addr + a.len))
+        let b = self.cfg.base_page;
+        // Areas may lie inside one another's span: one made where the program unmapped part
+        // of another (MAP_FIXED). The page is served by the area it is live in.
+        let covers = |a: &super::Area| addr >= a.addr && addr < a.addr + a.len;
+        let live_at = |a: &super::Area| covers(a) && super::is_live(a.slot[(addr - a.addr) / b]);
+        let Some(ai) = st
+            .areas
+            .iter()
+            .position(|a| a.as_ref().is_some_and(live_at))
+            .or_else(|| st.areas.iter().position(|a| a.as_ref().is_some_and(covers)))
         else {
             return Served::NotOurs;
         };
-        let b = self.cfg.base_page;
         let (page, a_addr) = {
             let a = st.areas[ai].as_ref().expect("present");
             ((addr - a.addr) / b, a.addr)

@@ -1,0 +1,109 @@
+//! The model-based check of the memory calls on routed memory (issue 22): tests/run/model.c
+//! runs thousands of random sequences of mmap (every placement), munmap of any part, mremap in
+//! every form, mprotect, madvise with every advice, aligned_alloc/calloc/realloc/free and
+//! writes, printing every call's result and digests of all readable memory — nothing that
+//! depends on addresses. Run plain it is the oracle; under `pagewise run` (a local memory of a
+//! few units, so pages really travel) and `pagewise hps run` the output must be the same,
+//! byte for byte, with no hang (a time limit per run).
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::{compile, ensure_libpagewise, pagewise, tempdir};
+
+/// Run `cmd` in a process group of its own, killed (the whole group: `pagewise run` and the
+/// program it started) after `limit`, which fails the test as a hang.
+fn run_limited(cmd: &mut Command, limit: Duration) -> Output {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    let mut child = cmd.process_group(0).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("starting");
+    let read = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            v
+        })
+    };
+    let out = read(Box::new(child.stdout.take().unwrap()));
+    let err = read(Box::new(child.stderr.take().unwrap()));
+    let end = std::time::Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("waiting") {
+            break st;
+        }
+        if std::time::Instant::now() > end {
+            let _ = Command::new("kill").args(["-KILL", &format!("-{}", child.id())]).status();
+            let _ = child.wait();
+            panic!("{cmd:?} did not finish within {limit:?} (a hang)");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Output { status, stdout: out.join().unwrap(), stderr: err.join().unwrap() }
+}
+
+/// Sequences [first, first + count) plain and under `wrapper`; the outputs must match.
+fn same_as_plain(model: &Path, wrapper: &[&str], first: u64, count: u64) {
+    let args = [first.to_string(), count.to_string()];
+    let plain = run_limited(Command::new(model).args(&args), Duration::from_secs(120));
+    assert!(plain.status.success(), "model on its own: {plain:?}");
+    let wrapped =
+        run_limited(Command::new(pagewise()).args(wrapper).arg("--").arg(model).args(&args), Duration::from_secs(300));
+    let err = String::from_utf8_lossy(&wrapped.stderr);
+    assert!(wrapped.status.success(), "model under {wrapper:?}: {:?}\n{err}", wrapped.status);
+    let (a, b) = (String::from_utf8_lossy(&plain.stdout), String::from_utf8_lossy(&wrapped.stdout));
+    if a != b {
+        let (al, bl): (Vec<&str>, Vec<&str>) = (a.lines().collect(), b.lines().collect());
+        let i = al.iter().zip(&bl).position(|(x, y)| x != y).unwrap_or(al.len().min(bl.len()));
+        let seq = al[..i].iter().rev().find(|l| l.starts_with("seq ")).unwrap_or(&"seq ?");
+        panic!(
+            "under {wrapper:?} the model diverges from plain memory in {seq}, line {}:\n plain:   {:?}\n wrapped: {:?}\n\
+             (reproduce: {} FIRST 1 with FIRST the seq number)\n{err}",
+            i + 1,
+            al.get(i),
+            bl.get(i),
+            model.display()
+        );
+    }
+    let routed: u64 = err
+        .lines()
+        .find_map(|l| l.strip_prefix("pagewise: ")?.split(" allocation(s) on ").next()?.parse().ok())
+        .unwrap_or(0);
+    assert!(routed >= count, "under {wrapper:?} only {routed} allocations were routed:\n{err}");
+}
+
+fn model() -> (std::path::PathBuf, std::path::PathBuf) {
+    ensure_libpagewise();
+    let dir = tempdir("model");
+    let m = compile("model", &dir);
+    (dir, m)
+}
+
+#[test]
+fn dlm_gives_plain_memory_semantics_at_16k_units() {
+    let (_dir, m) = model();
+    let dlm = ["run", "--spawn-servers", "2", "--min-alloc", "64K", "--local-mem", "256K", "--page-size", "16K"];
+    same_as_plain(&m, &dlm, 1, 1500);
+}
+
+#[test]
+fn dlm_gives_plain_memory_semantics_at_an_auto_page_size() {
+    let (_dir, m) = model();
+    let dlm = ["run", "--spawn-servers", "2", "--min-alloc", "64K", "--local-mem", "256K", "--page-size", "auto"];
+    same_as_plain(&m, &dlm, 10_001, 1500);
+}
+
+#[test]
+fn dlm_gives_plain_memory_semantics_at_4k_units() {
+    let (_dir, m) = model();
+    let dlm = ["run", "--spawn-servers", "1", "--min-alloc", "64K", "--local-mem", "256K", "--page-size", "4K"];
+    same_as_plain(&m, &dlm, 20_001, 300);
+}
+
+#[test]
+fn hps_gives_plain_memory_semantics() {
+    let (_dir, m) = model();
+    same_as_plain(&m, &["hps", "run", "--min-alloc", "64K"], 30_001, 1500);
+}
