@@ -54,6 +54,11 @@ fn stencil_gives_the_same_result_at_a_fixed_and_an_auto_page_size() {
 }
 
 #[test]
+fn stores_from_signal_handlers_during_faults_survive_eviction() {
+    same_output("sigstore", &["--page-size", "128K"], |_| vec![]);
+}
+
+#[test]
 fn static_array_under_bss_gives_the_same_result() {
     same_output("bss", &["--bss"], |_| vec![]);
 }

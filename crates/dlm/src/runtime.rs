@@ -313,7 +313,8 @@ pub(crate) struct State {
     /// Kept frames a reply in flight is being received into, away from their place: nothing
     /// may be moved into these ranges of the shadow until that reply is installed (`frames.rs`).
     borrowed: Vec<(usize, usize)>,
-    /// `Inner::sole_program_thread`, found once per holding of the lock.
+    /// Whether the program has one thread (`Inner::program_stopped`), found once per holding of
+    /// the lock.
     sole_thread: Option<bool>,
     /// Clean units moved in while a fault takes its replies, not yet write-protected.
     move_ins: MoveIns,
@@ -335,7 +336,7 @@ pub(crate) struct Inner {
     zero_copy: bool,
     /// The userfaultfd has UFFDIO_MOVE: anonymous areas get a shadow (`frames.rs`).
     moving: bool,
-    /// This process's thread count (`Inner::sole_program_thread`).
+    /// This process's thread count (`Inner::program_stopped`).
     threads: Option<pagewise_kernel::procfs::ThreadCount>,
     /// Key of the clean units' hashes, random per runtime: what a program writes cannot be
     /// chosen to collide.
@@ -500,10 +501,11 @@ impl Dlm {
         match mode {
             FaultMode::HandlerThread => {
                 let i = Arc::clone(&inner);
-                let h = std::thread::Builder::new()
-                    .name("dlm-fault-handler".into())
-                    .spawn(move || handler_thread(&i))
-                    .map_err(DlmError::Thread)?;
+                let h = pagewise_kernel::signal::spawn_blocking_signals(
+                    std::thread::Builder::new().name("dlm-fault-handler".into()),
+                    move || handler_thread(&i),
+                )
+                .map_err(DlmError::Thread)?;
                 dlm.handler = Some(h);
             }
             FaultMode::Sigbus | FaultMode::Sigsegv => {

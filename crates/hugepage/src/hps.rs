@@ -238,9 +238,10 @@ impl Hps {
             steps: AtomicU64::new(0),
         });
         let s = shared.clone();
-        let tracker_thread = std::thread::Builder::new()
-            .name("pw-hps-track".into())
-            .spawn(move || tracking_loop(&s))
+        let tracker_thread =
+            signal::spawn_blocking_signals(std::thread::Builder::new().name("pw-hps-track".into()), move || {
+                tracking_loop(&s)
+            })
             .map_err(|e| Error::Io { path: "thread spawn".into(), source: e })?;
         let hps = Hps { shared, tracker_thread: Some(tracker_thread), service: Mutex::new(None) };
         if notify == Notify::Handler {
@@ -255,9 +256,9 @@ impl Hps {
         signal::install_handler(self.shared.sig, on_signal)?;
         let s = self.shared.clone();
         let (tx, rx) = std::sync::mpsc::channel();
-        let handle = std::thread::Builder::new()
-            .name("pw-hps-service".into())
-            .spawn(move || {
+        // Signals blocked but its own notification (unblocked first thing below).
+        let handle =
+            signal::spawn_blocking_signals(std::thread::Builder::new().name("pw-hps-service".into()), move || {
                 let _ = signal::set_thread_blocked(s.sig, false);
                 let _ = tx.send(signal::gettid());
                 let mut buf = [0u8; 8];

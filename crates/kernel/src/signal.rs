@@ -98,6 +98,37 @@ pub fn set_thread_blocked(sig: i32, blocked: bool) -> Result<()> {
     Ok(())
 }
 
+/// Spawn a thread of Pagewise's own (a fault handler, a tracker) with every asynchronous signal
+/// blocked: a signal the kernel sends to the process as a whole (a timer's SIGALRM, SIGCHLD, a
+/// kill(2)) is delivered to a thread that does not block it, and Pagewise's threads must not be
+/// that thread — the program's handler would run on a thread that serves the program's faults,
+/// and a handler touching that memory would wait on itself. Faults' own signals (SIGBUS,
+/// SIGSEGV, SIGFPE, SIGILL, SIGTRAP, SIGSYS) stay unblocked. The new thread inherits the mask
+/// (pthread_sigmask(3)); the caller's is restored.
+pub fn spawn_blocking_signals<F, T>(builder: std::thread::Builder, f: F) -> std::io::Result<std::thread::JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    // SAFETY: sigset_t is plain data initialised by sigfillset/sigdelset before use; `old` is
+    // written by pthread_sigmask before it is read.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        for sig in [libc::SIGBUS, libc::SIGSEGV, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP, libc::SIGSYS] {
+            libc::sigdelset(&mut set, sig);
+        }
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        let rc = libc::pthread_sigmask(libc::SIG_SETMASK, &set, &mut old);
+        if rc != 0 {
+            return Err(std::io::Error::from_raw_os_error(rc));
+        }
+        let spawned = builder.spawn(f);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        spawned
+    }
+}
+
 /// Wait for `sig` (which must be blocked in this thread) up to `timeout`; `None` waits
 /// forever. Returns the `si_value` of the dequeued signal, or `Ok(None)` on timeout.
 /// EINTR (another signal's handler ran) is retried.

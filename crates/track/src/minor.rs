@@ -349,10 +349,11 @@ impl MinorTracker {
         let handle = if delivery == Delivery::HandlerThread {
             let worker = inner.clone();
             Some(
-                std::thread::Builder::new()
-                    .name("pw-track-uffd".into())
-                    .spawn(move || serve(&worker))
-                    .map_err(|e| Error::Io { path: "thread spawn".into(), source: e })?,
+                pagewise_kernel::signal::spawn_blocking_signals(
+                    std::thread::Builder::new().name("pw-track-uffd".into()),
+                    move || serve(&worker),
+                )
+                .map_err(|e| Error::Io { path: "thread spawn".into(), source: e })?,
             )
         } else {
             None

@@ -6,7 +6,7 @@ use pagewise_kernel::mem::{madvise, mprotect, Advice, Protection};
 use pagewise_kernel::uffd::Uffd;
 
 use super::frames::Frames;
-use super::install::overlaps;
+use super::install::{overlaps, CleanMove};
 use super::remote::Pending;
 use super::{Area, Entry, Inner, State, MOVE_MIN, NONE};
 use crate::config::FaultMode;
@@ -103,7 +103,7 @@ impl Inner {
             _ if !keep_data => false,
             None => e.dirty,
             Some(h) => {
-                if !e.armed && !self.sole_program_thread(st) {
+                if !e.armed && !self.program_stopped(st) {
                     protect(start, len);
                     protected = true;
                 }
@@ -189,16 +189,19 @@ impl Inner {
     }
 
     /// Whether an evicted unit of `len` bytes leaves its frames in the shadow for a later reply
-    /// to be received into (`reply_target`): in a program with one thread (replies are received
-    /// into frames only there), under SIGBUS from `view_min` on (demand faults are received into
-    /// the program's view), else from `MOVE_MIN` on. Otherwise the pages are dropped, many
+    /// to be received into (`reply_target`): under SIGBUS with one program thread from
+    /// `view_min` on (demand faults are received into the program's view), else from
+    /// `MOVE_MIN` on where clean units are moved in at all (`Inner::clean_move`). Otherwise the pages are dropped, many
     /// victims with one call: moving each to the shadow and freeing it there when it is not
     /// needed made the solver with 4 KiB units at 10% and 5% local memory 5-6× slower
     /// (`pagewise eval dlm-autotune`, whose solver shares its process with other threads).
     pub(super) fn keeps_frames(&self, st: &mut State, len: usize) -> bool {
         self.cfg.move_install
-            && (len >= MOVE_MIN || self.mode == FaultMode::Sigbus && len >= self.view_min())
-            && self.sole_program_thread(st)
+            && if self.mode == FaultMode::Sigbus && len >= self.view_min() && len < MOVE_MIN {
+                self.program_stopped(st)
+            } else {
+                len >= MOVE_MIN && self.clean_move(st) != CleanMove::Copied
+            }
     }
 
     /// Keep the shadow frames `[addr, addr + len)` for the next fetch; false when the resident

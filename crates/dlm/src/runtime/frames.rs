@@ -11,11 +11,14 @@
 //! the reply is received and then moved into the view. Pages are allocated only while the
 //! resident set grows.
 //!
-//! A moved page arrives writable (UFFDIO_MOVE has no write-protect mode), so a clean unit is
-//! write-protected right after: a thread of the program touching the unit in between would
-//! write without the runtime noticing. The runtime therefore moves clean units in only when the
-//! program cannot run meanwhile — one program thread, which is the one waiting on this fault —
-//! and copies them (UFFDIO_COPY mode WP) otherwise (`Inner::sole_program_thread`).
+//! A moved page arrives writable (UFFDIO_MOVE has no write-protect mode), so a clean unit
+//! cannot simply be moved in and write-protected after: a thread of the program touching the
+//! unit in between would write without the runtime noticing (`Inner::clean_move`). When the
+//! program cannot run meanwhile — its one thread is the one serving this fault in a signal
+//! handler — it is moved, then protected. Under the handler thread the program can always run
+//! (a thread waiting on a fault runs its signal handlers), so the unit is hashed in the shadow
+//! first and moved in writable: a store after the move changes what eviction hashes. Otherwise
+//! it is copied (UFFDIO_COPY mode WP).
 //!
 //! This file is the bookkeeping: a stack of runs of kept frames, each a range of some area's
 //! shadow. The pages of the stack plus the resident units never exceed the local limit.

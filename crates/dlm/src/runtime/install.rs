@@ -69,37 +69,67 @@ impl Inner {
         }
     }
 
-    /// Whether the program cannot touch memory while the runtime holds its lock: the program
-    /// has one thread, and it is the one in the runtime (or waiting on the fault the handler
-    /// thread serves). Only then may a clean unit be moved in — moved pages arrive writable
-    /// and are write-protected just after (`frames.rs`). Found once per holding of the lock:
-    /// a program with one thread cannot start another while that thread is in here.
-    pub(super) fn sole_program_thread(&self, st: &mut State) -> bool {
-        let own = if self.mode == FaultMode::HandlerThread { 2 } else { 1 };
-        *st.sole_thread
-            .get_or_insert_with(|| self.threads.as_ref().and_then(|t| t.get().ok()).is_some_and(|n| n <= own))
+    /// Whether the program cannot touch memory while the runtime holds its lock: its one thread
+    /// is the one in the runtime, serving its own fault in a signal handler with every signal
+    /// blocked (SIGBUS, SIGSEGV modes). Found once per holding of the lock: a program with
+    /// one thread cannot start another while that thread is in here. Never under the handler
+    /// thread: a program thread waiting on a userfaultfd fault sleeps interruptibly, so it
+    /// runs its signal handlers meanwhile (fs/userfaultfd.c, TASK_INTERRUPTIBLE), and a
+    /// handler may store to the very unit being installed.
+    pub(super) fn program_stopped(&self, st: &mut State) -> bool {
+        self.mode != FaultMode::HandlerThread
+            && *st
+                .sole_thread
+                .get_or_insert_with(|| self.threads.as_ref().and_then(|t| t.get().ok()).is_some_and(|n| n <= 1))
     }
 
-    /// Map the shadow's `[src, src + len)` at `[dst, dst + len)` in the program's view,
-    /// write-protected unless `dirty`: moved when nothing can write to it meanwhile (gathered
-    /// with its neighbours while a fault takes its replies, `MoveIns`), else copied
-    /// (UFFDIO_COPY mode WP) and the shadow frames kept.
-    pub(super) fn move_in(&self, st: &mut State, dst: usize, src: usize, len: usize, dirty: bool) {
-        if !(dirty || self.sole_program_thread(st)) {
-            let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
-            // SAFETY: the shadow range is populated (received into, or an armed unit's pages)
-            // and readable.
-            if let Err(err) = unsafe { uffd.copy(dst, src as *const u8, len, true, true) } {
-                crate::fatal(format_args!("pagewise dlm: installing {dst:#x}+{len:#x} failed: {err}"));
+    /// How a clean unit whose pages wait in the shadow gets into the program's view
+    /// (`frames.rs`: a moved page arrives writable).
+    pub(super) fn clean_move(&self, st: &mut State) -> CleanMove {
+        if self.program_stopped(st) {
+            CleanMove::ThenProtect
+        } else if self.mode == FaultMode::HandlerThread && self.cfg.hash_clean {
+            CleanMove::Hashed
+        } else {
+            CleanMove::Copied
+        }
+    }
+
+    /// Map the shadow's `[src, src + len)` at `[dst, dst + len)` in the program's view, clean
+    /// unless `dirty`, by [`Inner::clean_move`]: moved and write-protected (gathered with its
+    /// neighbours while a fault takes its replies, `MoveIns`); hashed from the shadow, then
+    /// moved and left writable (the hash is returned: a store made after the move shows at
+    /// eviction); or copied (UFFDIO_COPY mode WP) and the shadow frames kept.
+    pub(super) fn move_in(&self, st: &mut State, dst: usize, src: usize, len: usize, dirty: bool) -> Option<u64> {
+        let how = if dirty { CleanMove::ThenProtect } else { self.clean_move(st) };
+        match how {
+            CleanMove::Copied => {
+                let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
+                // SAFETY: the shadow range is populated (received into, or an armed unit's
+                // pages) and readable.
+                if let Err(err) = unsafe { uffd.copy(dst, src as *const u8, len, true, true) } {
+                    crate::fatal(format_args!("pagewise dlm: installing {dst:#x}+{len:#x} failed: {err}"));
+                }
+                if !self.keep_frames(st, src, len) {
+                    free_frames(src, len);
+                }
+                return None;
             }
-            if !self.keep_frames(st, src, len) {
-                free_frames(src, len);
+            CleanMove::Hashed => {
+                st.stats.moved_units += 1;
+                st.stats.hashed_installs += 1;
+                // SAFETY: the shadow range is populated and readable, and only the runtime
+                // (holding its lock) can reach it.
+                let h = unsafe { content_hash(self.hash_seed, src, len) };
+                self.move_in_now(dst, src, len, true);
+                return Some(h);
             }
-            return;
+            CleanMove::ThenProtect => {}
         }
         st.stats.moved_units += 1;
         if dirty || !st.move_ins.gathering {
-            return self.move_in_now(dst, src, len, dirty);
+            self.move_in_now(dst, src, len, dirty);
+            return None;
         }
         if st.move_ins.joins(dst, src) {
             st.stats.joined_move_ins += 1;
@@ -107,16 +137,17 @@ impl Inner {
             self.move_in_now(d, s, l, false);
         }
         st.move_ins.add(dst, src, len);
+        None
     }
 
-    /// Move pages in from the shadow, write-protect them unless `dirty`, and wake whoever
+    /// Move pages in from the shadow, write-protect them unless `writable`, and wake whoever
     /// waits on them.
-    pub(super) fn move_in_now(&self, dst: usize, src: usize, len: usize, dirty: bool) {
+    pub(super) fn move_in_now(&self, dst: usize, src: usize, len: usize, writable: bool) {
         let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
         let r = uffd
             .move_pages(dst, src, len, false, false)
             // Protecting never wakes (fs/userfaultfd.c wakes only on un-protecting).
-            .and_then(|()| if dirty { Ok(()) } else { uffd.write_protect(dst, len, true, true) })
+            .and_then(|()| if writable { Ok(()) } else { uffd.write_protect(dst, len, true, true) })
             .and_then(|()| uffd.wake(dst, len));
         if let Err(err) = r {
             crate::fatal(format_args!("pagewise dlm: installing {dst:#x}+{len:#x} failed: {err}"));
@@ -232,8 +263,9 @@ impl Inner {
         let Some(place) = a.shadow.as_ref().filter(|_| self.cfg.move_install).map(|m| m.addr() + first * b) else {
             return ReplyInto::Buffer;
         };
-        let to_view = !readahead && self.mode == FaultMode::Sigbus && len >= self.view_min();
-        if !(to_view || len >= MOVE_MIN) || !self.sole_program_thread(st) {
+        let to_view =
+            !readahead && self.mode == FaultMode::Sigbus && len >= self.view_min() && self.program_stopped(st);
+        if !to_view && (len < MOVE_MIN || self.clean_move(st) == CleanMove::Copied) {
             return ReplyInto::Buffer;
         }
         if to_view {
@@ -314,6 +346,7 @@ impl Inner {
             };
             let a = st.areas[ai].as_ref().expect("live");
             let dst = a.addr + run_start * b;
+            let mut moved_hash = None;
             let r = match (&self.uffd, &a.staging) {
                 // Received into the program's view itself (`ReplyInto::View`), where it is
                 // writable: write-protect unless dirty. Protecting never wakes
@@ -324,7 +357,7 @@ impl Inner {
                 // The data is in the shadow (the unit's place or borrowed frames): move it in.
                 (Some(_), _) if a.shadow.is_some() && matches!(data, Fill::InPlace(_)) => {
                     let Fill::InPlace(at) = data else { unreachable!("matched above") };
-                    self.move_in(st, dst, at + off, n * b, dirty);
+                    moved_hash = self.move_in(st, dst, at + off, n * b, dirty);
                     Ok(())
                 }
                 // The data is already in the memfd's page cache: map it.
@@ -345,10 +378,12 @@ impl Inner {
             if let Err(e) = r {
                 crate::fatal(format_args!("pagewise dlm: installing {dst:#x}+{:#x} failed: {e}", n * b));
             }
-            let clean_hash = hashed.then(|| {
-                st.stats.hashed_installs += 1;
-                // SAFETY: the reply was received into [dst, dst + n*b), present and readable.
-                unsafe { content_hash(self.hash_seed, dst, n * b) }
+            let clean_hash = moved_hash.or_else(|| {
+                hashed.then(|| {
+                    st.stats.hashed_installs += 1;
+                    // SAFETY: the reply was received into [dst, dst + n*b), present and readable.
+                    unsafe { content_hash(self.hash_seed, dst, n * b) }
+                })
             });
             let entry =
                 Entry { area: ai as u32, first: run_start as u32, count: n as u32, dirty, clean_hash, armed: false };
@@ -359,6 +394,17 @@ impl Inner {
             a.slot[run_start..p].iter_mut().for_each(|s| *s = slot as u32);
         }
     }
+}
+
+/// How a clean unit gets from the shadow into the program's view (`Inner::clean_move`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum CleanMove {
+    /// Moved, then write-protected: nothing of the program runs in between.
+    ThenProtect,
+    /// Hashed in the shadow, then moved and left writable.
+    Hashed,
+    /// Copied in write-protected (UFFDIO_COPY mode WP); the frames stay in the shadow.
+    Copied,
 }
 
 /// Where a reply received in place lands (`Inner::receive_target`).
