@@ -1,9 +1,15 @@
 /* A C program using the dlm_* API: integrity of a 64 MiB area with 4 MiB local memory, a set
- * count change, stats, and the error convention. Prints "C-DLM-OK" and exits 0 on success. */
+ * count change, stats, fork (the child never touches the parent's runtime; the parent loses
+ * nothing), the calls on part of an area (discard, unmap, detach), and the error convention.
+ * Prints "C-DLM-OK" and exits 0 on success. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "pagewise.h"
 
@@ -66,6 +72,43 @@ int main(void) {
     CHECK(dlm_decisions_json(json, sizeof json) == need && strstr(json, "\"loop_id\":5") && strstr(json, "table"),
           "decisions: %s", json);
     printf("loop unit %d KiB, sum %llu\n", rc, (unsigned long long)sum);
+
+    /* fork: DLM memory is not inherited and the runtime is the parent's; the child's calls
+     * are refused without a word on the parent's connections, and the parent's data, resident
+     * or not, is intact after the child is gone. */
+    pid_t child = fork();
+    CHECK(child >= 0, "fork");
+    if (child == 0) {
+        void *q = NULL;
+        int ok = dlm_alloc(1 << 20, &q) == -ECHILD && dlm_free(a) == -ECHILD && dlm_discard(a, 4096) == -ECHILD &&
+                 dlm_stats(&st) == -ECHILD && dlm_shutdown() == -ECHILD;
+        exit(ok ? 0 : 3);
+    }
+    int status = 0;
+    CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "the child's calls were not refused (status %d)", status);
+    for (size_t i = 0; i < words; i += 512)
+        CHECK(a[i] == ((i % 4096 == 256) ? 0xffff : i * 2654435761u + 1), "word %zu after fork", i);
+
+    /* Calls on part of an area: a discarded range reads as zeros (also mid-page), an unmapped
+     * one is gone, a detached one keeps its data as plain memory that mprotect can make
+     * read-only. */
+    size_t page = 4096;
+    CHECK(dlm_discard(a + 512 * 3 + 7, 3 * page) == 0, "dlm_discard");
+    CHECK(a[1536] == (size_t)1536 * 2654435761u + 1 && a[3584] == (size_t)3584 * 2654435761u + 1,
+          "words around the discard");
+    for (size_t i = 512 * 3 + 7; i < 512 * 3 + 7 + 3 * 512; i++)
+        CHECK(a[i] == 0, "discarded word %zu: %llu", i, (unsigned long long)a[i]);
+    char *bytes = (char *)a;
+    rc = dlm_unmap(bytes + 16 * page, 8 * page);
+    CHECK(rc == 0, "dlm_unmap: %d", rc);
+    unsigned char vec[8];
+    CHECK(mincore(bytes + 16 * page, 8 * page, vec) == -1 && errno == ENOMEM, "unmapped range still mapped");
+    CHECK(dlm_detach(bytes + 64 * page, 16 * page) == 0, "dlm_detach");
+    CHECK(mprotect(bytes + 64 * page, 16 * page, PROT_READ) == 0, "mprotect of detached memory");
+    for (size_t i = 64 * 512; i < 80 * 512; i += 512)
+        CHECK(a[i] == ((i % 4096 == 256) ? 0xffff : i * 2654435761u + 1), "detached word %zu", i);
+    CHECK(mprotect(bytes + 64 * page, 16 * page, PROT_READ | PROT_WRITE) == 0, "mprotect back");
 
     int x;
     CHECK(dlm_free(&x) == -EINVAL, "freeing a non-DLM pointer must be -EINVAL");

@@ -74,36 +74,38 @@ fn same_as_plain(model: &Path, wrapper: &[&str], first: u64, count: u64) {
     assert!(routed >= count, "under {wrapper:?} only {routed} allocations were routed:\n{err}");
 }
 
-fn model() -> (std::path::PathBuf, std::path::PathBuf) {
+/// The model compiled into a directory of the calling test's own (tests run in parallel: one
+/// writing the binary another is starting would make that start fail with ETXTBSY).
+fn model(test: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     ensure_libpagewise();
-    let dir = tempdir("model");
+    let dir = tempdir(test);
     let m = compile("model", &dir);
     (dir, m)
 }
 
 #[test]
 fn dlm_gives_plain_memory_semantics_at_16k_units() {
-    let (_dir, m) = model();
+    let (_dir, m) = model("model-16k");
     let dlm = ["run", "--spawn-servers", "2", "--min-alloc", "64K", "--local-mem", "256K", "--page-size", "16K"];
     same_as_plain(&m, &dlm, 1, 1500);
 }
 
 #[test]
 fn dlm_gives_plain_memory_semantics_at_an_auto_page_size() {
-    let (_dir, m) = model();
+    let (_dir, m) = model("model-auto");
     let dlm = ["run", "--spawn-servers", "2", "--min-alloc", "64K", "--local-mem", "256K", "--page-size", "auto"];
     same_as_plain(&m, &dlm, 10_001, 1500);
 }
 
 #[test]
 fn dlm_gives_plain_memory_semantics_at_4k_units() {
-    let (_dir, m) = model();
+    let (_dir, m) = model("model-4k");
     let dlm = ["run", "--spawn-servers", "1", "--min-alloc", "64K", "--local-mem", "256K", "--page-size", "4K"];
     same_as_plain(&m, &dlm, 20_001, 300);
 }
 
 #[test]
 fn hps_gives_plain_memory_semantics() {
-    let (_dir, m) = model();
+    let (_dir, m) = model("model-hps");
     same_as_plain(&m, &["hps", "run", "--min-alloc", "64K"], 30_001, 1500);
 }

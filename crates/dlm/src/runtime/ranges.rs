@@ -18,7 +18,7 @@
 //! touches its address again, since the program (or the kernel, placing a new mapping) may
 //! use it for anything.
 
-use pagewise_kernel::mem::{align_down, align_up, madvise, move_mapping, munmap, Advice, MapOptions, Mapping};
+use pagewise_kernel::mem::{madvise, move_mapping, munmap, Advice, MapOptions, Mapping};
 
 use super::area::live_runs;
 use super::evict::Run;
@@ -34,24 +34,24 @@ impl Dlm {
     pub fn discard(&self, addr: usize, len: usize) -> Result<(), DlmError> {
         let b = self.inner.cfg.base_page;
         let end = end_of(addr, len)?;
-        let (lo, hi) = (align_up(addr, b), align_down(end, b));
         let mut edges = Vec::new();
         {
             let mut st = self.inner.lock();
             self.inner.check_owner()?;
             self.inner.drain_all(&mut st);
-            if lo < hi {
-                for (ai, p0, p1) in overlapping(&st, b, lo, hi) {
+            for (ai, p0, p1) in overlapping(&st, b, addr, end, Round::In) {
+                let base = st.areas[ai].as_ref().expect("live").addr;
+                let (from, to) = (addr.max(base), end.min(base + st.areas[ai].as_ref().expect("live").len));
+                if p0 < p1 {
                     self.inner.forget(&mut st, ai, p0, p1);
+                    edges.extend([(from, base + p0 * b), (base + p1 * b, to)]);
+                } else {
+                    edges.push((from, to));
                 }
             }
             // The partial base pages at the ends, where they are DLM's: zeroed below, once
             // the lock is free to serve their faults.
-            for (from, to) in [(addr, end.min(lo)), (hi.max(addr), end)] {
-                if from < to && !(lo < hi && from >= lo && to <= hi) && self.inner.is_ours(&st, from) {
-                    edges.push((from, to));
-                }
-            }
+            edges.retain(|&(from, to)| from < to && self.inner.is_ours(&st, from));
         }
         for (from, to) in edges {
             // SAFETY: the bytes lie in a live page of an area, ordinary read-write memory to
@@ -78,13 +78,14 @@ impl Dlm {
     fn unmap_range(&self, addr: usize, len: usize, leave_mapped: bool) -> Result<(), DlmError> {
         let b = self.inner.cfg.base_page;
         let end = end_of(addr, len)?;
-        if !addr.is_multiple_of(b) || !end.is_multiple_of(b) {
-            return Err(DlmError::Config(format!("unmap of {addr:#x}+{len:#x}: not whole base pages of {b} bytes")));
-        }
         let mut st = self.inner.lock();
         self.inner.check_owner()?;
+        let areas = overlapping(&st, b, addr, end, Round::Out);
+        if areas != overlapping(&st, b, addr, end, Round::In) {
+            return Err(DlmError::Config(format!("unmap of {addr:#x}+{len:#x}: not whole base pages of {b} bytes")));
+        }
         self.inner.drain_all(&mut st);
-        for (ai, p0, p1) in overlapping(&st, b, addr, end) {
+        for (ai, p0, p1) in areas {
             self.inner.forget(&mut st, ai, p0, p1);
             let a = st.areas[ai].as_mut().expect("live");
             for (first, count) in live_runs(&a.slot, p0, p1) {
@@ -115,11 +116,10 @@ impl Dlm {
     pub fn detach(&self, addr: usize, len: usize) -> Result<(), DlmError> {
         let b = self.inner.cfg.base_page;
         let end = end_of(addr, len)?;
-        let (lo, hi) = (align_down(addr, b), align_up(end, b));
         let mut st = self.inner.lock();
         self.inner.check_owner()?;
         self.inner.drain_all(&mut st);
-        for (ai, p0, p1) in overlapping(&st, b, lo, hi) {
+        for (ai, p0, p1) in overlapping(&st, b, addr, end, Round::Out) {
             self.inner.evict_range(&mut st, ai, p0, p1);
             // The write-backs just sent are answered before the synchronous READs below.
             self.inner.drain_all(&mut st);
@@ -162,7 +162,7 @@ impl Dlm {
         self.inner.check_owner()?;
         let set = st.set_count as usize;
         let mut budget = self.inner.cfg.local_mem / 4;
-        for (ai, p0, p1) in overlapping(&st, b, align_down(addr, b), align_up(end, b)) {
+        for (ai, p0, p1) in overlapping(&st, b, addr, end, Round::Out) {
             let layout = st.areas[ai].as_ref().expect("live").layout;
             let mut p = p0;
             while p < p1 && budget >= set * b {
@@ -187,7 +187,7 @@ impl Dlm {
         let end = end_of(addr, len)?;
         let mut st = self.inner.lock();
         self.inner.check_owner()?;
-        for (ai, _, _) in overlapping(&st, b, align_down(addr, b), align_up(end, b)) {
+        for (ai, _, _) in overlapping(&st, b, addr, end, Round::Out) {
             let a = st.areas[ai].as_mut().expect("live");
             a.access = access;
             a.window = 0;
@@ -353,16 +353,26 @@ fn end_of(addr: usize, len: usize) -> Result<usize, DlmError> {
     addr.checked_add(len).ok_or_else(|| DlmError::Config(format!("range {addr:#x}+{len:#x} wraps around")))
 }
 
-/// The areas overlapping `[lo, hi)` (whole base pages of `b` bytes), with the page range of
-/// each inside it: `(area index, first page, end page)`.
-fn overlapping(st: &State, b: usize, lo: usize, hi: usize) -> Vec<(usize, usize, usize)> {
+/// Which pages of an area a byte range names: those it covers whole, or those it touches.
+#[derive(Clone, Copy)]
+enum Round {
+    In,
+    Out,
+}
+
+/// The areas overlapping `[lo, hi)`, with the page range of each the bytes name (`round`;
+/// pages are counted from each area's start): `(area index, first page, end page)`.
+fn overlapping(st: &State, b: usize, lo: usize, hi: usize, round: Round) -> Vec<(usize, usize, usize)> {
     st.areas
         .iter()
         .enumerate()
         .filter_map(|(i, a)| {
             let a = a.as_ref()?;
-            let (from, to) = (lo.max(a.addr), hi.min(a.addr + a.len));
-            (from < to).then(|| (i, (from - a.addr) / b, (to - a.addr).div_ceil(b)))
+            let (from, to) = (lo.max(a.addr) - a.addr, hi.min(a.addr + a.len).checked_sub(a.addr)?);
+            (from < to).then(|| match round {
+                Round::In => (i, from.div_ceil(b), to / b),
+                Round::Out => (i, from / b, to.div_ceil(b)),
+            })
         })
         .collect()
 }
