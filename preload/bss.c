@@ -97,7 +97,7 @@ void pw_route_bss(void) {
     pw_ranges_add(&pw_routed, z.start, z.end, z.start);
     pw_tables_changed();
     pthread_mutex_unlock(&pw_lock);
-    atomic_fetch_add(&pw_routed_count, 1);
+    pw_count_routed(len);
     pw_note("pagewise: --bss: %zu bytes of static data at %p on %s memory (%zu page(s) kept)\n", len,
             (void *)z.start, pw_arena->name, nsaved);
 }

@@ -41,6 +41,7 @@ int pw_ranges_add(struct pw_ranges *t, uintptr_t start, uintptr_t end, uintptr_t
     memmove(&t->v[i + 1], &t->v[i], (t->n - i) * sizeof *t->v);
     t->v[i] = (struct pw_range){start, end, tag};
     t->n++;
+    t->bytes += end - start;
     return 0;
 }
 
@@ -102,21 +103,30 @@ int pw_ranges_remove(struct pw_ranges *t, uintptr_t lo, uintptr_t hi) {
         t->v[i + 1] = (struct pw_range){hi, r->end, r->tag};
         r->end = lo;
         t->n++;
+        t->bytes -= hi - lo;
         return 0;
     }
     if (r->start < lo) {
+        t->bytes -= r->end - lo;
         r->end = lo;
         i++;
     }
     size_t j = i;
-    while (j < t->n && t->v[j].end <= hi)
+    while (j < t->n && t->v[j].end <= hi) {
+        t->bytes -= t->v[j].end - t->v[j].start;
         j++;
+    }
     /* [i, j) lie wholly inside [lo, hi); v[j], if it starts below hi, loses its head. */
-    if (j < t->n && t->v[j].start < hi)
+    if (j < t->n && t->v[j].start < hi) {
+        t->bytes -= hi - t->v[j].start;
         t->v[j].start = hi;
+    }
     memmove(&t->v[i], &t->v[j], (t->n - j) * sizeof *t->v);
     t->n -= j - i;
     return 0;
 }
 
-void pw_ranges_clear(struct pw_ranges *t) { t->n = 0; }
+void pw_ranges_clear(struct pw_ranges *t) {
+    t->n = 0;
+    t->bytes = 0;
+}

@@ -17,6 +17,7 @@ struct pw_range {
 struct pw_ranges {
     struct pw_range *v; /* sorted by start, disjoint */
     size_t n, cap;
+    size_t bytes; /* the ranges' total length */
 };
 
 /* Add [start, end) with `tag`; it must not overlap a range of the set. 0, or -ENOMEM. */

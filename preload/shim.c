@@ -58,6 +58,7 @@ pthread_mutex_t pw_lock = PTHREAD_MUTEX_INITIALIZER;
 struct pw_ranges pw_routed, pw_reserved, pw_blocks;
 _Atomic size_t pw_tracked;
 _Atomic unsigned long pw_routed_count, pw_fallbacks;
+_Atomic unsigned long pw_routed_bytes, pw_routed_peak;
 static _Atomic size_t nblocks; /* pw_blocks.n, readable without the lock */
 static _Atomic int warned_fallback;
 static int report; /* this process prints the end-of-run notes (the one `pagewise run` started) */
@@ -78,7 +79,16 @@ void pw_note(const char *fmt, ...) {
         (void)!write(errfd, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
 }
 
-void pw_tables_changed(void) { atomic_store(&pw_tracked, pw_routed.n + pw_reserved.n); }
+void pw_tables_changed(void) {
+    atomic_store(&pw_tracked, pw_routed.n + pw_reserved.n);
+    if (pw_routed.bytes > atomic_load(&pw_routed_peak))
+        atomic_store(&pw_routed_peak, pw_routed.bytes);
+}
+
+void pw_count_routed(size_t len) {
+    atomic_fetch_add(&pw_routed_count, 1);
+    atomic_fetch_add(&pw_routed_bytes, pw_page_up(len));
+}
 
 void *pw_route(size_t len) {
     pw_in_shim++;
@@ -101,7 +111,7 @@ void *pw_route(size_t len) {
         pw_in_shim--;
         return NULL;
     }
-    atomic_fetch_add(&pw_routed_count, 1);
+    pw_count_routed(len);
     return p;
 }
 
@@ -453,8 +463,9 @@ __attribute__((destructor)) static void shim_fini(void) {
         pw_note("pagewise: warning: the program made no allocation of at least %zu bytes: nothing ran on %s "
                 "memory (see --min-alloc)\n", pw_min_alloc, pw_arena->name);
     else if (report)
-        pw_note("pagewise: %lu allocation(s) on %s memory, %lu refused (left in libc)\n",
-                atomic_load(&pw_routed_count), pw_arena->name, atomic_load(&pw_fallbacks));
+        pw_note("pagewise: %lu allocation(s) on %s memory (%lu MiB over the run, at most %lu MiB at once), %lu "
+                "refused (left in libc)\n", atomic_load(&pw_routed_count), pw_arena->name,
+                atomic_load(&pw_routed_bytes) >> 20, atomic_load(&pw_routed_peak) >> 20, atomic_load(&pw_fallbacks));
     pw_in_shim++;
     char line[256];
     if (report && pw_arena->summary && pw_arena->summary(line, sizeof line) == 0)

@@ -40,6 +40,10 @@ extern _Atomic size_t pw_tracked;
 void pw_tables_changed(void);
 
 extern _Atomic unsigned long pw_routed_count, pw_fallbacks;
+/* Bytes routed over the run, and the most routed at once. */
+extern _Atomic unsigned long pw_routed_bytes, pw_routed_peak;
+/* Count a new routed area of len bytes (what the end-of-run report says). */
+void pw_count_routed(size_t len);
 
 static inline size_t pw_page_up(size_t n) { return (n + PW_PAGE - 1) & ~(PW_PAGE - 1); }
 

@@ -113,7 +113,7 @@ static int route_at(uintptr_t addr, size_t len) {
         pw_in_shim--;
         return 0; /* the kernel mapping below replaces it */
     }
-    atomic_fetch_add(&pw_routed_count, 1);
+    pw_count_routed(len);
     return 1;
 }
 

@@ -242,8 +242,23 @@ fn print_decisions(path: &Path, ours: bool) {
     let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else { return };
     let n = v["decisions"].as_array().map(|d| d.len()).unwrap_or(0);
     if n > 0 {
-        eprintln!("pagewise run: page-size decisions ({n}):\n{}", v["table"].as_str().unwrap_or(""));
+        eprintln!("pagewise run: page-size decisions ({n}):\n{}", abridged(v["table"].as_str().unwrap_or(""), 12));
     }
+}
+
+/// A Markdown table with at most `rows` rows: the first and last halves, and a line saying how
+/// many are left out (`--decisions FILE` has them all).
+fn abridged(table: &str, rows: usize) -> String {
+    let lines: Vec<&str> = table.lines().collect();
+    let (head, body) = lines.split_at(2.min(lines.len()));
+    if body.len() <= rows {
+        return table.to_string();
+    }
+    let mut out: Vec<String> = head.iter().map(|l| l.to_string()).collect();
+    out.extend(body[..rows / 2].iter().map(|l| l.to_string()));
+    out.push(format!("| … {} more (all of them with --decisions FILE) |", body.len() - rows));
+    out.extend(body[body.len() - rows / 2..].iter().map(|l| l.to_string()));
+    out.join("\n")
 }
 
 #[cfg(test)]
@@ -257,6 +272,13 @@ mod tests {
         assert_eq!(page_sizes("4K", "1M").unwrap(), (4 << 10, 1, 1, false));
         assert!(page_sizes("48K", "1M").is_err());
         assert!(page_sizes("auto", "2K").is_err());
+    }
+
+    #[test]
+    fn long_decision_tables_are_abridged() {
+        let table = "| a |\n|---|\n| 1 |\n| 2 |\n| 3 |\n| 4 |\n| 5 |";
+        assert_eq!(abridged(table, 8), table);
+        assert_eq!(abridged(table, 2), "| a |\n|---|\n| 1 |\n| … 3 more (all of them with --decisions FILE) |\n| 5 |");
     }
 
     #[test]
