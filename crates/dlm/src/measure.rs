@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::tune::{Decision, LoopState, Touched, TunerConfig};
+use crate::tune::{Decision, LoopState, Touched, TunerConfig, WindowTuner};
 
 /// The loop id of tuning windows.
 pub const WINDOW_ID: u64 = u64::MAX;
@@ -29,8 +29,8 @@ pub(crate) struct Measure {
     /// The loop being measured and when it started.
     pub active: Option<(u64, Instant)>,
     pub loops: HashMap<u64, LoopState>,
-    /// The window's state (used while no loop is measured).
-    pub window_state: LoopState,
+    /// The window tuner (used while no loop is measured).
+    pub window_state: WindowTuner,
     pub window_start: Instant,
     pub window_faults: u64,
     pub window_fault_time: Duration,
@@ -42,14 +42,14 @@ pub(crate) struct Measure {
 }
 
 impl Measure {
-    pub fn new(tuner: TunerConfig, auto: bool, window: Duration, set: u32) -> Self {
+    pub fn new(tuner: TunerConfig, auto: bool, window: Duration) -> Self {
         Measure {
             tuner,
             auto,
             window,
             active: None,
             loops: HashMap::new(),
-            window_state: LoopState::windows(set),
+            window_state: WindowTuner::new(&tuner),
             window_start: Instant::now(),
             window_faults: 0,
             window_fault_time: Duration::ZERO,
@@ -82,10 +82,10 @@ impl Measure {
     pub fn close_window(&mut self, touched: &Touched, now: Instant) -> u32 {
         let wall = now.duration_since(self.window_start).as_secs_f64().max(1e-9);
         let share = self.window_fault_time.as_secs_f64() / wall;
-        let d = crate::tune::decide(&self.tuner, &mut self.window_state, touched, share, WINDOW_ID);
+        let d = self.window_state.on_window(&self.tuner, touched, share, WINDOW_ID);
         self.log(d);
         self.reset_window(now);
-        self.window_state.set
+        self.window_state.set()
     }
 
     /// A fault of the measured loop: whether it has faulted more than twice its local units
@@ -118,16 +118,18 @@ mod tests {
     #[test]
     fn windows_close_after_time_and_enough_faults() {
         let t = TunerConfig { base_page: 4096, local_mem: 64 * 4096, min_set: 1, max_set: 8 };
-        let mut m = Measure::new(t, true, Duration::from_millis(10), 8);
+        let mut m = Measure::new(t, true, Duration::from_millis(10));
         let start = m.window_start;
         for _ in 0..MIN_WINDOW_FAULTS - 1 {
             assert!(!m.fault(Duration::from_micros(5), start + Duration::from_millis(20)));
         }
         assert!(m.fault(Duration::from_micros(5), start + Duration::from_millis(20)));
-        // 100 touched units of 32 KiB do not fit in 8 local ones: shrink to what fits.
+        // The window tuner starts in the middle (set 4 of 1..8) and, with touched units that
+        // do not fit, tries the smaller neighbour first.
+        assert_eq!(m.window_state.set(), 4);
         let mut touched = Touched::default();
         touched.units[..4].copy_from_slice(&[40, 40, 40, 100]);
-        assert_eq!(m.close_window(&touched, start + Duration::from_millis(20)), 1);
+        assert_eq!(m.close_window(&touched, start + Duration::from_millis(20)), 2);
         assert_eq!(m.decisions.len(), 1);
         assert_eq!(m.decisions[0].loop_id, WINDOW_ID);
         assert_eq!(m.window_faults, 0);

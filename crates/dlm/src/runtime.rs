@@ -456,8 +456,11 @@ impl Dlm {
             min_set: cfg.min_set,
             max_set: cfg.max_set,
         };
+        let measure = crate::measure::Measure::new(tuner, cfg.auto_tune, cfg.tune_window);
+        // Tuned over windows, the unit starts where the window tuner starts (`tune/window.rs`).
+        let set_count = if cfg.auto_tune { measure.window_state.set() } else { cfg.set_count };
         let state = State {
-            measure: crate::measure::Measure::new(tuner, cfg.auto_tune, cfg.tune_window, cfg.set_count),
+            measure,
             conns,
             areas: Vec::new(),
             clock: Clock::with_capacity(max_units),
@@ -465,7 +468,7 @@ impl Dlm {
             borrowed: Vec::with_capacity(MAX_PENDING),
             sole_thread: None,
             move_ins: MoveIns::default(),
-            set_count: cfg.set_count,
+            set_count,
             resident: 0,
             buf: vec![0u8; cfg.block()],
             zeros: vec![0u8; cfg.block()],

@@ -32,6 +32,9 @@
 
 use serde::Serialize;
 
+pub mod window;
+pub use window::WindowTuner;
+
 /// Candidate set counts: powers of two, so at most 32.
 pub const MAX_CANDIDATES: usize = 32;
 
@@ -131,6 +134,14 @@ pub enum Reason {
     Revert,
     /// Pinned by an earlier revert.
     Pinned,
+    /// Windows (`window.rs`): trying a neighbouring size, or back home after trying it.
+    Explore,
+    /// Windows: the size tried was faster; it is home now.
+    Better,
+    /// Windows: the size tried was not faster; back home.
+    Worse,
+    /// Windows: staying home until the next trial.
+    Settled,
 }
 
 /// One decision, as the seed's per-iteration table shows it.
@@ -459,6 +470,9 @@ mod tests {
                     Reason::Floor => prop_assert_eq!(st.set, c.min_set),
                     Reason::Revert => prop_assert!(st.set > old),
                     Reason::Fits | Reason::Pinned => prop_assert_eq!(st.set, old),
+                    r @ (Reason::Explore | Reason::Better | Reason::Worse | Reason::Settled) => {
+                        prop_assert!(false, "a window's reason {:?} for a loop", r)
+                    }
                 }
             }
             prop_assert!(changes <= max_k - min_k + 1, "{} changes: {:?}", changes, sizes);
