@@ -174,8 +174,8 @@ impl WindowTuner {
     /// The neighbour to try next: half or twice home, in the current direction, turning around
     /// at the ends of the range; `None` when there is only one size.
     fn neighbour(&mut self, cfg: &TunerConfig) -> Option<u32> {
-        let smaller = (self.home > cfg.min_set).then(|| self.home / 2);
-        let larger = (self.home < cfg.max_set).then(|| self.home * 2);
+        let smaller = (self.home > cfg.min_set).then_some(self.home / 2);
+        let larger = (self.home < cfg.max_set).then_some(self.home * 2);
         let (first, second) = if self.down { (smaller, larger) } else { (larger, smaller) };
         match (first, second) {
             (Some(n), _) => Some(n),
