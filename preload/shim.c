@@ -367,10 +367,14 @@ PW_EXPORT void *reallocarray(void *p, size_t n, size_t m) {
 PW_EXPORT void *memalign(size_t al, size_t n) {
     if (foreign())
         return next.memalign(al, n);
-    if (al <= PW_PAGE && routable(n)) {
+    /* Any alignment the arena's areas happen to have (DLM views of 2 MiB and more, HPS arenas
+     * are 2 MiB aligned): 7-Zip asks for its dictionary aligned to 2 MiB. */
+    if (al <= (2UL << 20) && routable(n)) {
         void *p = route_block(n);
-        if (p)
+        if (p && ((uintptr_t)p & (al - 1)) == 0)
             return p;
+        if (p)
+            free(p); /* not aligned so: libc's */
     }
     return early_alloc(__libc_memalign(al, n));
 }
