@@ -338,10 +338,15 @@ static int advise_routed(struct pw_range r, int advice) {
     default:
         rc = pw_arena->advise ? pw_arena->advise(p, n, advice) : 0;
         if (rc == 1) {
-            /* Only plain memory gives what the program asked for: it leaves the arena. */
-            rc = pw_arena->detach(p, n);
+            /* Only plain memory gives what the program asked for: it leaves the arena — the
+             * whole routed range around it, since the program asks it of its allocation
+             * (numpy advises all of an array but its first page). */
+            struct pw_range whole;
+            if (!pw_ranges_containing(&pw_routed, r.start, &whole))
+                whole = r;
+            rc = pw_arena->detach((void *)whole.start, whole.end - whole.start);
             if (rc == 0) {
-                pw_ranges_remove(&pw_routed, r.start, r.end);
+                pw_ranges_remove(&pw_routed, whole.start, whole.end);
                 pw_tables_changed();
                 if (pw_sys_madvise(p, n, advice) != 0)
                     rc = -errno;

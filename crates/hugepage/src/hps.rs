@@ -346,10 +346,17 @@ impl Hps {
     /// give: its own MADV_HUGEPAGE, a protection other than read-write.
     pub fn detach(&self, addr: usize, len: usize) -> Result<()> {
         use pagewise_kernel::mem::{move_mapping, munmap, MapOptions, Mapping};
+        let arenas = self.shared.arenas.lock().expect("arenas lock");
+        let a = arenas
+            .iter()
+            .find(|a| addr >= a.addr() && addr + len <= a.addr() + a.len())
+            .ok_or(pagewise_track::Error::NotTracked(addr))?;
+        // The tracker lets go first: no arming or collapsing of the range from here on.
+        self.shared.tracker.forget(addr, len)?;
         let copy = Mapping::anonymous(len, &MapOptions::default())?;
-        // SAFETY: the range is the program's read-write memory in an arena (the caller's
-        // contract); reading an armed page is a minor fault the tracker serves.
-        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, copy.as_ptr(), len) };
+        // SAFETY: `copy` is a fresh mapping of `len` bytes; the program does not write the
+        // range it is taking over while it asks for it.
+        unsafe { a.copy_held(addr, len, copy.addr()) }?;
         let (from, _) = copy.into_raw();
         // SAFETY: `from` is the fresh mapping given up above; the range is the caller's.
         if let Err(e) = unsafe { move_mapping(from as usize, addr, len) } {
@@ -357,6 +364,7 @@ impl Hps {
             let _ = unsafe { munmap(from as usize, len) };
             return Err(e.into());
         }
+        drop(arenas);
         self.give_up(addr, len, |_, _| Ok(()))
     }
 

@@ -79,6 +79,29 @@ impl TrackedArena {
         Ok(())
     }
 
+    /// Copy what the memfd holds of `[addr, addr+len)` of the view to `dst` (as long), page
+    /// by page through the alias: pages the memfd does not hold read as zeros and are not
+    /// touched in `dst` (a fresh mapping is zeros already), so taking over a large range the
+    /// program barely used costs what it used.
+    ///
+    /// # Safety
+    /// `dst` is `len` writable bytes of the caller's, and nobody writes the range meanwhile.
+    pub unsafe fn copy_held(&self, addr: usize, len: usize, dst: usize) -> Result<()> {
+        self.check(addr, len)?;
+        let page = mem::page_size();
+        let from = self.alias.addr() + (addr - self.addr);
+        let mut held = vec![0u8; len.div_ceil(page)];
+        mem::mincore(from, len, &mut held)?;
+        for (i, h) in held.iter().enumerate() {
+            if h & 1 != 0 {
+                let n = page.min(len - i * page);
+                // SAFETY: both ranges are the caller's and the alias's, inside their bounds.
+                unsafe { std::ptr::copy_nonoverlapping((from + i * page) as *const u8, (dst + i * page) as *mut u8, n) };
+            }
+        }
+        Ok(())
+    }
+
     /// `[addr, addr+len)` of the view is no longer the arena's (the caller unmapped it,
     /// replaces it, or took it over): its memory is released and the arena never touches
     /// that range again, nor unmaps it when dropped.
