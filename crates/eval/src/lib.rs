@@ -8,6 +8,7 @@
 
 pub mod experiments;
 pub mod harness;
+pub mod programs;
 pub mod readme;
 pub mod report;
 pub mod sample;
