@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use compat::{ensure_libpagewise, installed, pagewise, same_output, scratch, tail};
 use pagewise_eval::programs::servers::{self, Kind};
-use pagewise_eval::programs::{jobs, routed_allocations, DlmFlags, Wrap};
+use pagewise_eval::programs::{descendant_named, jobs, routed_allocations, DlmFlags, Wrap};
 
 /// 4 MiB of local memory, the default auto page size, one spawned server; allocations from
 /// 256 KiB on are routed.
@@ -208,17 +208,7 @@ fn jvm_heap_is_on_dlm_and_gives_the_same_sums() {
             }
             text.push_str(&line);
         }
-        let java_pid = if *wrap == Wrap::Plain {
-            child.id()
-        } else {
-            let id = child.id();
-            std::fs::read_to_string(format!("/proc/{id}/task/{id}/children"))
-                .unwrap_or_default()
-                .split_whitespace()
-                .next()
-                .and_then(|p| p.parse().ok())
-                .unwrap_or(0)
-        };
+        let java_pid = descendant_named(child.id(), "java").unwrap_or(0);
         let armed = uffd_armed_bytes(java_pid);
         let _ = child.stdin.take().unwrap().write_all(b"\n");
         let mut rest = String::new();

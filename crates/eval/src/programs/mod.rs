@@ -405,6 +405,24 @@ pub fn routed_allocations(stderr: &str, arena: &str) -> Option<u64> {
     stderr.lines().find_map(|l| l.strip_prefix("pagewise: ")?.split(marker.as_str()).next()?.parse().ok())
 }
 
+/// The first process named `comm` (its /proc/PID/comm) among `pid` and its descendants,
+/// breadth first: the program under `pagewise run`, whose other children are its memory
+/// servers.
+pub fn descendant_named(pid: u32, comm: &str) -> Option<u32> {
+    let mut queue = std::collections::VecDeque::from([pid]);
+    while let Some(p) = queue.pop_front() {
+        if std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim_end() == comm) {
+            return Some(p);
+        }
+        let tasks = std::fs::read_dir(format!("/proc/{p}/task")).into_iter().flatten().flatten();
+        for t in tasks {
+            let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            queue.extend(children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+        }
+    }
+    None
+}
+
 /// A scratch directory, removed on drop.
 pub struct Scratch(pub PathBuf);
 

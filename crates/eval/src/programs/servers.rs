@@ -108,12 +108,12 @@ pub fn start(kind: Kind, pagewise: &Path, wrap: &Wrap, mem_mib: u64, dir: &Path)
     }
     if *wrap != Wrap::Plain {
         let id = s.child.id();
-        let children = std::fs::read_to_string(format!("/proc/{id}/task/{id}/children")).unwrap_or_default();
-        s.pid = children
-            .split_whitespace()
-            .next()
-            .and_then(|p| p.parse().ok())
-            .with_context(|| format!("{} under pagewise (pid {id}) has no child", kind.name()))?;
+        let comm = match kind {
+            Kind::Memcached => "memcached",
+            Kind::Redis => "redis-server",
+        };
+        s.pid = super::descendant_named(id, comm)
+            .with_context(|| format!("{} under pagewise (pid {id}) has no {comm} process", kind.name()))?;
     }
     Ok(s)
 }
