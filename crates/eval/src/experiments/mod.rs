@@ -5,6 +5,7 @@ use crate::Experiment;
 pub mod dlm_autotune;
 pub mod dlm_fault;
 pub mod dlm_pagesize;
+pub mod dlm_programs;
 pub mod dlm_vs_swap;
 pub mod hps_kvcache;
 pub mod hps_micro;
@@ -26,6 +27,7 @@ pub fn all() -> Vec<&'static dyn Experiment> {
         &dlm_pagesize::DlmPagesize,
         &dlm_autotune::DlmAutotune,
         &dlm_vs_swap::DlmVsSwap,
+        &dlm_programs::DlmPrograms,
         &reclaim_percore::ReclaimPercore,
         &reclaim_split::ReclaimSplit,
         &spark_hugepages::SparkHugepages,
