@@ -9,6 +9,7 @@ pub mod dlm_programs;
 pub mod dlm_vs_swap;
 pub mod hps_kvcache;
 pub mod hps_micro;
+pub mod hps_programs;
 pub mod hps_tracker_cost;
 pub mod reclaim_load;
 pub mod reclaim_percore;
@@ -23,6 +24,7 @@ pub fn all() -> Vec<&'static dyn Experiment> {
         &hps_micro::HpsMicro,
         &hps_tracker_cost::HpsTrackerCost,
         &hps_kvcache::HpsKvcache,
+        &hps_programs::HpsPrograms,
         &dlm_fault::DlmFault,
         &dlm_pagesize::DlmPagesize,
         &dlm_autotune::DlmAutotune,
