@@ -25,7 +25,7 @@ fn xz_compresses_to_the_same_stream() {
         return;
     }
     let d = scratch("hps-xz");
-    same_under_hps(&jobs::xz(d.path(), 4 << 20).unwrap());
+    same_under_hps(&jobs::xz(d.path(), 2 << 20).unwrap());
     let p = d.path();
     jobs::verify_round_trip(jobs::XZ_DECOMPRESS, &p.join("xz-input.txt.xz"), &p.join("xz-input.txt")).unwrap();
 }
@@ -36,7 +36,7 @@ fn zstd_compresses_to_the_same_stream() {
         return;
     }
     let d = scratch("hps-zstd");
-    same_under_hps(&jobs::zstd(d.path(), 8 << 20).unwrap());
+    same_under_hps(&jobs::zstd(d.path(), 4 << 20).unwrap());
     let p = d.path();
     jobs::verify_round_trip(jobs::ZSTD_DECOMPRESS, &p.join("out.zst"), &p.join("zstd-input.txt")).unwrap();
 }

@@ -37,7 +37,7 @@ pub fn installed(program: &str, probe: &[&str]) -> bool {
 
 /// A budget no correct run comes near (plain runs take about a second): a run that needs it
 /// hangs or thrashes, and fails.
-pub const BUDGET: Duration = Duration::from_secs(90);
+pub const BUDGET: Duration = Duration::from_secs(60);
 
 /// Run `job` plain, then under `wrap`; both must finish, the outputs be the same, and the shim
 /// must report routed allocations on `arena`. Returns (plain, wrapped) outcomes.

@@ -118,7 +118,10 @@ fn programs(mode: crate::Mode, dir: &Path) -> anyhow::Result<Vec<Program>> {
         Program { job: jobs::hpcc(&sub("hpcc")?, mode.pick(1500, 4000))?, comm: "hpcc" },
         Program { job: jobs::seven_zip_bench(&sub("7zz")?, mode.pick(22, 25)), comm: "7zz" },
         Program { job: jobs::xz(&sub("xz")?, mode.pick(4 << 20, 24 << 20))?, comm: "xz" },
-        Program { job: jobs::sort(&sub("sort")?, mode.pick(16 << 20, 160 << 20), mode.pick(64 << 20, 512 << 20))?, comm: "sort" },
+        Program {
+            job: jobs::sort(&sub("sort")?, mode.pick(16 << 20, 160 << 20), mode.pick(64 << 20, 512 << 20))?,
+            comm: "sort",
+        },
         Program { job: jobs::numpy(&sub("numpy")?, mode.pick(2 << 20, 8 << 20))?, comm: "python3" },
     ])
 }
@@ -166,7 +169,14 @@ struct Setup<'a> {
 }
 
 /// Run `p` once in configuration `c` at `local` bytes; `limit` is the swap groups' limit.
-fn run_one(s: &Setup, p: &Program, c: Config, local: u64, limit: u64, reference: &str) -> anyhow::Result<(Fate, Outcome, Option<u64>)> {
+fn run_one(
+    s: &Setup,
+    p: &Program,
+    c: Config,
+    local: u64,
+    limit: u64,
+    reference: &str,
+) -> anyhow::Result<(Fate, Outcome, Option<u64>)> {
     p.job.reset()?;
     let (outcome, rss) = match c {
         Config::Plain => (programs::run(p.job.command(s.pagewise, &Wrap::Plain), s.budget, None)?, None),
@@ -213,7 +223,9 @@ fn run_one(s: &Setup, p: &Program, c: Config, local: u64, limit: u64, reference:
     }
     let fate = match p.job.canonical(&outcome) {
         Err(e) => Fate::Failed(format!("{e:#}").lines().take(6).collect::<Vec<_>>().join(" / ")),
-        Ok(out) if out != reference => Fate::Failed(format!("output differs from the plain run's: {out:?} vs {reference:?}")),
+        Ok(out) if out != reference => {
+            Fate::Failed(format!("output differs from the plain run's: {out:?} vs {reference:?}"))
+        }
         Ok(_) => match c {
             Config::Dlm(_) if programs::routed_allocations(&outcome.stderr, "dlm").unwrap_or(0) == 0 => Fate::NotRouted,
             _ => Fate::Finished,
@@ -249,7 +261,8 @@ impl Experiment for DlmPrograms {
         // Swap spaces and the group, restored by the guard whatever happens.
         let guard = SettingsGuard::new();
         let swap_bytes = 4u64 << 30;
-        let disk = SwapFile::create(&guard, ctx.out_dir.join("swapfile"), swap_bytes).context("creating the swap file")?;
+        let disk =
+            SwapFile::create(&guard, ctx.out_dir.join("swapfile"), swap_bytes).context("creating the swap file")?;
         let zram = crate::paging::zram_swap(&guard, swap_bytes)?;
         let group = MemCgroup::create(&guard, &format!("dlm-programs-{}", std::process::id()))?;
         let mut setup = Setup {
@@ -277,7 +290,9 @@ impl Experiment for DlmPrograms {
             let footprint = first.max_rss;
             // Budget: a generous multiple of the plain run, bounded so quick mode stays quick.
             let plain_s = first.wall.max(0.5);
-            setup.budget = Duration::from_secs_f64(mode.pick((plain_s * 8.0).clamp(20.0, 60.0), (plain_s * 20.0).clamp(60.0, 900.0)));
+            setup.budget = Duration::from_secs_f64(
+                mode.pick((plain_s * 8.0).clamp(20.0, 60.0), (plain_s * 20.0).clamp(60.0, 900.0)),
+            );
             let mut runs: Vec<Run> = Vec::new();
             for &pct in &percents {
                 let local = local_bytes(footprint, pct, 1 << 20);
@@ -306,7 +321,16 @@ impl Experiment for DlmPrograms {
                             Fate::OverBudget if p.job.canon != Canon::SevenZipBench => setup.budget.as_secs_f64(),
                             _ => f64::NAN,
                         };
-                        runs.push(Run { config: c, percent: pct, rep, fate, cost, wall: o.wall, program_rss: rss, limit: swap_limit });
+                        runs.push(Run {
+                            config: c,
+                            percent: pct,
+                            rep,
+                            fate,
+                            cost,
+                            wall: o.wall,
+                            program_rss: rss,
+                            limit: swap_limit,
+                        });
                         ctx.tick();
                     }
                 }

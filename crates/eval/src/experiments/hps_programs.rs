@@ -73,7 +73,8 @@ pub(crate) fn memory_of(pid: u32) -> Option<u64> {
     let shmem = st.rssshmem.unwrap_or(0) * 1024;
     let mut memfd = 0;
     for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
-        let is_hps = std::fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy().starts_with("/memfd:pagewise-hps"));
+        let is_hps =
+            std::fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy().starts_with("/memfd:pagewise-hps"));
         if is_hps {
             if let Ok(m) = std::fs::metadata(fd.path()) {
                 memfd += std::os::unix::fs::MetadataExt::blocks(&m) * 512;
@@ -98,7 +99,14 @@ fn set_thp(guard: &SettingsGuard, c: Config, machine: &str) -> anyhow::Result<()
     Ok(())
 }
 
-fn run_batch(pagewise: &Path, job: &Job, comm: &str, c: Config, reference: Option<&str>, budget: Duration) -> anyhow::Result<(Run, String)> {
+fn run_batch(
+    pagewise: &Path,
+    job: &Job,
+    comm: &str,
+    c: Config,
+    reference: Option<&str>,
+    budget: Duration,
+) -> anyhow::Result<(Run, String)> {
     let wrap = if c == Config::Hps { Wrap::Hps { min_alloc: 1 << 20 } } else { Wrap::Plain };
     job.reset()?;
     let mut peak = 0u64;
@@ -125,7 +133,15 @@ fn run_batch(pagewise: &Path, job: &Job, comm: &str, c: Config, reference: Optio
     Ok((Run { secs: o.wall, memory, round_median }, out))
 }
 
-fn run_server(pagewise: &Path, kind: Kind, records: u64, value: usize, reads: u64, c: Config, dir: &Path) -> anyhow::Result<Run> {
+fn run_server(
+    pagewise: &Path,
+    kind: Kind,
+    records: u64,
+    value: usize,
+    reads: u64,
+    c: Config,
+    dir: &Path,
+) -> anyhow::Result<Run> {
     let wrap = if c == Config::Hps { Wrap::Hps { min_alloc: 1 << 20 } } else { Wrap::Plain };
     let mem_mib = (records * (value as u64 + 200)).div_ceil(1 << 20) * 2 + 64;
     let s = servers::start(kind, pagewise, &wrap, mem_mib, dir)?;
@@ -160,10 +176,16 @@ impl Experiment for HpsPrograms {
         let dir = scratch.path();
         let (size, hot, rounds, gathers) = mode.pick((1024, 128, 8, 10_000_000), (2048, 256, 15, 20_000_000));
         let progs = vec![
-            Program { name: "numpy-gather".into(), work: Workload::Batch { job: jobs::numpy_gather(dir, size, hot, rounds, gathers)?, comm: "python3" } },
+            Program {
+                name: "numpy-gather".into(),
+                work: Workload::Batch { job: jobs::numpy_gather(dir, size, hot, rounds, gathers)?, comm: "python3" },
+            },
             Program {
                 name: "sort".into(),
-                work: Workload::Batch { job: jobs::sort(dir, mode.pick(64 << 20, 256 << 20), mode.pick(256 << 20, 1 << 30))?, comm: "sort" },
+                work: Workload::Batch {
+                    job: jobs::sort(dir, mode.pick(64 << 20, 256 << 20), mode.pick(256 << 20, 1 << 30))?,
+                    comm: "sort",
+                },
             },
             Program {
                 name: "java".into(),
@@ -172,8 +194,24 @@ impl Experiment for HpsPrograms {
                     comm: "java",
                 },
             },
-            Program { name: "memcached".into(), work: Workload::Server { kind: Kind::Memcached, records: mode.pick(100_000, 400_000), value: 1000, reads: mode.pick(400_000, 2_000_000) } },
-            Program { name: "redis".into(), work: Workload::Server { kind: Kind::Redis, records: mode.pick(100_000, 400_000), value: 1000, reads: mode.pick(400_000, 2_000_000) } },
+            Program {
+                name: "memcached".into(),
+                work: Workload::Server {
+                    kind: Kind::Memcached,
+                    records: mode.pick(100_000, 400_000),
+                    value: 1000,
+                    reads: mode.pick(400_000, 2_000_000),
+                },
+            },
+            Program {
+                name: "redis".into(),
+                work: Workload::Server {
+                    kind: Kind::Redis,
+                    records: mode.pick(100_000, 400_000),
+                    value: 1000,
+                    reads: mode.pick(400_000, 2_000_000),
+                },
+            },
         ];
         let guard = SettingsGuard::new();
         let machine = ThpSetting::Enabled.read()?.active.clone();
@@ -192,7 +230,9 @@ impl Experiment for HpsPrograms {
                         reference.get_or_insert(out);
                         run
                     }
-                    Workload::Server { kind, records, value, reads } => run_server(&pagewise, *kind, *records, *value, *reads, c, dir)?,
+                    Workload::Server { kind, records, value, reads } => {
+                        run_server(&pagewise, *kind, *records, *value, *reads, c, dir)?
+                    }
                 };
                 set_thp(&guard, Config::Plain, &machine)?;
                 Ok(r)
@@ -220,7 +260,14 @@ impl Experiment for HpsPrograms {
 fn report(results: &[(String, Vec<Vec<Run>>, Option<String>)], reps: usize, machine: &str) -> Report {
     let mut report = Report::default();
     let mut table = Table::new([
-        "program", "plain s", "THP always s", "hps run s", "hps / best", "plain memory", "THP always memory", "hps run memory",
+        "program",
+        "plain s",
+        "THP always s",
+        "hps run s",
+        "hps / best",
+        "plain memory",
+        "THP always memory",
+        "hps run memory",
         "hps memory / goal",
     ]);
     let mut failures = Table::new(["program", "what happened"]);
@@ -234,7 +281,17 @@ fn report(results: &[(String, Vec<Vec<Run>>, Option<String>)], reps: usize, mach
         if let Some(f) = failure {
             failures.row([name.clone(), f.clone()]);
             report.figure(&format!("{key}_hps_run_vs_best_time"), serde_json::Value::Null);
-            table.row([name.clone(), "FAILED".into(), "".into(), "".into(), "—".into(), "".into(), "".into(), "".into(), "—".into()]);
+            table.row([
+                name.clone(),
+                "FAILED".into(),
+                "".into(),
+                "".into(),
+                "—".into(),
+                "".into(),
+                "".into(),
+                "".into(),
+                "—".into(),
+            ]);
             continue;
         }
         let secs = |k: usize| Summary::of(&runs[k].iter().map(|r| r.secs).collect::<Vec<_>>());
@@ -271,8 +328,14 @@ fn report(results: &[(String, Vec<Vec<Run>>, Option<String>)], reps: usize, mach
         }
     }
     let mut first = serde_json::Map::new();
-    first.insert("hps_run_vs_best_time_max".into(), if worst.is_finite() { json!(worst) } else { serde_json::Value::Null });
-    first.insert("hps_run_memory_vs_goal_max".into(), if worst_mem.is_finite() { json!(worst_mem) } else { serde_json::Value::Null });
+    first.insert(
+        "hps_run_vs_best_time_max".into(),
+        if worst.is_finite() { json!(worst) } else { serde_json::Value::Null },
+    );
+    first.insert(
+        "hps_run_memory_vs_goal_max".into(),
+        if worst_mem.is_finite() { json!(worst_mem) } else { serde_json::Value::Null },
+    );
     first.insert("failed_programs".into(), json!(failures.rows.len()));
     first.append(&mut report.summary);
     report.summary = first;

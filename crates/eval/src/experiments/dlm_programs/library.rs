@@ -51,7 +51,12 @@ fn compile(dir: &Path, pagewise: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
         let mut cmd = Command::new("cc");
         cmd.args(["-O2", "-o", out, src]).current_dir(dir);
         if lib {
-            cmd.arg("-I").arg(&include).arg("-L").arg(libdir).arg(format!("-Wl,-rpath,{}", libdir.display())).arg("-lpagewise");
+            cmd.arg("-I")
+                .arg(&include)
+                .arg("-L")
+                .arg(libdir)
+                .arg(format!("-Wl,-rpath,{}", libdir.display()))
+                .arg("-lpagewise");
         }
         let o = cmd.output().context("running cc")?;
         ensure!(o.status.success(), "cc {src} failed:\n{}", String::from_utf8_lossy(&o.stderr));
@@ -82,10 +87,18 @@ pub(crate) fn compare(ctx: &Context, pagewise: &Path, mode: Mode) -> anyhow::Res
         let (mut run_s, mut lib_s) = (Vec::new(), Vec::new());
         for rep in 0..REPS {
             for library in [false, true] {
-                ctx.message(format!("bt_like {} at {pct}%: {} #{rep}", human_bytes(unit), if library { "library" } else { "pagewise run" }));
+                ctx.message(format!(
+                    "bt_like {} at {pct}%: {} #{rep}",
+                    human_bytes(unit),
+                    if library { "library" } else { "pagewise run" }
+                ));
                 let job = Job {
                     name: "bt_like".into(),
-                    argv: vec![if library { &lib_bin } else { &plain_bin }.display().to_string(), n.to_string(), iterations.clone()],
+                    argv: vec![
+                        if library { &lib_bin } else { &plain_bin }.display().to_string(),
+                        n.to_string(),
+                        iterations.clone(),
+                    ],
                     env: Vec::new(),
                     cwd: scratch.path().to_path_buf(),
                     canon: programs::Canon::Stdout,
@@ -121,7 +134,9 @@ pub(crate) fn compare(ctx: &Context, pagewise: &Path, mode: Mode) -> anyhow::Res
                 let parsed = parse_output(&o.stdout.head)?;
                 match &reference {
                     None => reference = Some(parsed.checksum.clone()),
-                    Some(x) => ensure!(*x == parsed.checksum, "bt_like, {side}: checksum {} differs from {x}", parsed.checksum),
+                    Some(x) => {
+                        ensure!(*x == parsed.checksum, "bt_like, {side}: checksum {} differs from {x}", parsed.checksum)
+                    }
                 }
                 if library { &mut lib_s } else { &mut run_s }.push(parsed.loop_secs);
                 ctx.tick();

@@ -150,20 +150,33 @@ pub(crate) fn report(results: &[ProgramResult], percents: &[u64], configs: &[Con
             figure(&mut report, &key("dlm_vs_zram_time"), vs_zram);
             figure(&mut report, &key("dlm_vs_disk_swap_time"), vs_disk);
             if let Some((c, _)) = &best {
-                report.figure(&key("best_fixed_size"), human_bytes(match c {
-                    Config::Dlm(Some(s)) => *s,
-                    _ => 0,
-                }));
+                report.figure(
+                    &key("best_fixed_size"),
+                    human_bytes(match c {
+                        Config::Dlm(Some(s)) => *s,
+                        _ => 0,
+                    }),
+                );
             }
             // Worst over shares: the per-program figure; over programs: the headline.
             let worse = |a: (f64, Option<&'static str>), b: (f64, Option<&'static str>)| {
-                if !b.0.is_finite() || (a.0.is_finite() && a.0 >= b.0) { a } else { b }
+                if !b.0.is_finite() || (a.0.is_finite() && a.0 >= b.0) {
+                    a
+                } else {
+                    b
+                }
             };
             p_auto = worse(p_auto, vs_best);
             p_zram = worse(p_zram, vs_zram);
             p_disk = worse(p_disk, vs_disk);
             worst = worse(worst, vs_best);
-            for (name, c) in [("auto", Some(auto)), ("best fixed", best.map(|b| b.1)), ("zram", Some(cell(Config::Zram))), ("disk swap", Some(cell(Config::Disk))), ("plain", Some(cell(Config::Plain)))] {
+            for (name, c) in [
+                ("auto", Some(auto)),
+                ("best fixed", best.map(|b| b.1)),
+                ("zram", Some(cell(Config::Zram))),
+                ("disk swap", Some(cell(Config::Disk))),
+                ("plain", Some(cell(Config::Plain))),
+            ] {
                 if let (Some(cell), Some(s)) = (c, series.iter_mut().find(|s| s.0 == name)) {
                     s.1.push((pct as f64, cell.summary.median));
                 }
@@ -188,7 +201,10 @@ pub(crate) fn report(results: &[ProgramResult], percents: &[u64], configs: &[Con
         plots.push(plot);
     }
     let mut first = serde_json::Map::new();
-    first.insert("auto_vs_best_fixed_max".into(), if worst.0.is_finite() { json!(worst.0) } else { serde_json::Value::Null });
+    first.insert(
+        "auto_vs_best_fixed_max".into(),
+        if worst.0.is_finite() { json!(worst.0) } else { serde_json::Value::Null },
+    );
     if let Some(m) = worst.1 {
         first.insert("auto_vs_best_fixed_max_censored".into(), json!(m));
     }
