@@ -24,6 +24,12 @@
 //! bound, and a ratio it enters is marked in `*_censored` (`lower_bound`, `upper_bound`,
 //! `unknown`). A fixed configuration that ran out of budget or failed is not repeated.
 //!
+//! Sizes: `--quick` runs 25% and 5% only, fixed sizes 4 KiB, 64 KiB and 1 MiB, small inputs
+//! (hpcc N = 600, 7-Zip dictionaries up to 2 MiB, xz of 1 MB, sort of 8 MB with `-S 32M`,
+//! numpy on 1 M doubles) and a budget of 6× the plain run (10–30 s); `--full` runs 50/25/10/5%,
+//! every power of two from 4 KiB to 1 MiB, hpcc N = 4000, 7-Zip up to 32 MiB, xz of 24 MB,
+//! sort of 160 MB with `-S 512M`, numpy on 8 M doubles, a budget of 20× (60–900 s).
+//!
 //! The time compared is the process's wall time (start-up and, for DLM, spawning the servers
 //! included); for 7-Zip's benchmark, which runs for a time it picks, the inverse of its total
 //! rating. Separately, `run_vs_library_time_4k` / `_128k`: the project's BT-like solver
@@ -115,14 +121,14 @@ fn programs(mode: crate::Mode, dir: &Path) -> anyhow::Result<Vec<Program>> {
         Ok(d)
     };
     Ok(vec![
-        Program { job: jobs::hpcc(&sub("hpcc")?, mode.pick(1500, 4000))?, comm: "hpcc" },
-        Program { job: jobs::seven_zip_bench(&sub("7zz")?, mode.pick(22, 25)), comm: "7zz" },
-        Program { job: jobs::xz(&sub("xz")?, mode.pick(4 << 20, 24 << 20))?, comm: "xz" },
+        Program { job: jobs::hpcc(&sub("hpcc")?, mode.pick(600, 4000))?, comm: "hpcc" },
+        Program { job: jobs::seven_zip_bench(&sub("7zz")?, mode.pick(21, 25)), comm: "7zz" },
+        Program { job: jobs::xz(&sub("xz")?, mode.pick(1 << 20, 24 << 20))?, comm: "xz" },
         Program {
-            job: jobs::sort(&sub("sort")?, mode.pick(16 << 20, 160 << 20), mode.pick(64 << 20, 512 << 20))?,
+            job: jobs::sort(&sub("sort")?, mode.pick(8 << 20, 160 << 20), mode.pick(32 << 20, 512 << 20))?,
             comm: "sort",
         },
-        Program { job: jobs::numpy(&sub("numpy")?, mode.pick(2 << 20, 8 << 20))?, comm: "python3" },
+        Program { job: jobs::numpy(&sub("numpy")?, mode.pick(1 << 20, 8 << 20))?, comm: "python3" },
     ])
 }
 
@@ -291,7 +297,7 @@ impl Experiment for DlmPrograms {
             // Budget: a generous multiple of the plain run, bounded so quick mode stays quick.
             let plain_s = first.wall.max(0.5);
             setup.budget = Duration::from_secs_f64(
-                mode.pick((plain_s * 8.0).clamp(20.0, 60.0), (plain_s * 20.0).clamp(60.0, 900.0)),
+                mode.pick((plain_s * 6.0).clamp(10.0, 30.0), (plain_s * 20.0).clamp(60.0, 900.0)),
             );
             let mut runs: Vec<Run> = Vec::new();
             for &pct in &percents {
