@@ -8,13 +8,9 @@
 
 mod compat;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::Stdio;
-use std::time::{Duration, Instant};
-
 use compat::{ensure_libpagewise, installed, pagewise, same_output, scratch, tail};
 use pagewise_eval::programs::servers::{self, Kind};
-use pagewise_eval::programs::{descendant_named, jobs, routed_allocations, DlmFlags, Wrap};
+use pagewise_eval::programs::{jobs, routed_allocations, DlmFlags, Wrap};
 
 /// 4 MiB of local memory, the default auto page size, one spawned server; allocations from
 /// 256 KiB on are routed.
@@ -164,81 +160,23 @@ fn redis_with_jemalloc_keeps_every_value() {
     server_keeps_every_value(Kind::Redis, "redis-server", &["--version"]);
 }
 
-/// The bytes of the process's mappings armed for userfaultfd missing faults (VmFlags `um`):
-/// DLM's routed areas, by the kernel's account.
-fn uffd_armed_bytes(pid: u32) -> u64 {
-    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
-    let mut total = 0;
-    let mut size = 0;
-    for line in smaps.lines() {
-        if let Some(kb) = line.strip_prefix("Size:") {
-            size = kb.trim().trim_end_matches(" kB").trim().parse::<u64>().unwrap_or(0) * 1024;
-        } else if let Some(flags) = line.strip_prefix("VmFlags:") {
-            if flags.split_whitespace().any(|f| f == "um") {
-                total += size;
-            }
-        }
-    }
-    total
-}
-
 /// A JVM with a 128 MiB heap (serial GC) fills 48 MiB of arrays and sums them in scattered
-/// order: the same sums as plain, and the Java heap on DLM memory while it runs.
+/// order: the same sums as plain, and the Java heap on DLM memory while it runs (the
+/// process's mappings armed for userfaultfd missing faults, VmFlags `um`, cover the heap).
 #[test]
 fn jvm_heap_is_on_dlm_and_gives_the_same_sums() {
     if !installed("java", &["-version"]) {
         return;
     }
-    ensure_libpagewise();
     let d = scratch("dlm-java");
-    let heap: u64 = 128;
-    let job = jobs::java(d.path(), heap, 48, 2, true).unwrap();
-    let run_one = |wrap: &Wrap| -> (String, u64, String) {
-        let mut cmd = job.command(&pagewise(), wrap);
-        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut child = cmd.spawn().unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut text = String::new();
-        let deadline = Instant::now() + compat::BUDGET;
-        // Both rounds printed: the heap is in use; look at the process, then let it end.
-        while text.lines().count() < 2 && Instant::now() < deadline {
-            let mut line = String::new();
-            if out.read_line(&mut line).unwrap_or(0) == 0 {
-                break;
-            }
-            text.push_str(&line);
-        }
-        let java_pid = descendant_named(child.id(), "java").unwrap_or(0);
-        let armed = uffd_armed_bytes(java_pid);
-        let _ = child.stdin.take().unwrap().write_all(b"\n");
-        let mut rest = String::new();
-        let _ = std::io::Read::read_to_string(&mut out, &mut rest);
-        text.push_str(&rest);
-        let until = Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            if let Some(st) = child.try_wait().unwrap() {
-                break Some(st);
-            }
-            if Instant::now() > until {
-                let _ = child.kill();
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let mut err = String::new();
-        let _ = std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err);
-        assert!(status.is_some_and(|s| s.success()), "java under {wrap:?}: {status:?}\n{}", tail(&err));
-        (text, armed, err)
-    };
-    let (plain, _, _) = run_one(&Wrap::Plain);
-    assert_eq!(plain.lines().count(), 2, "java on its own printed {plain:?}");
-    let wrap = dlm_with(16 << 20, None);
-    let (under, armed, err) = run_one(&wrap);
-    assert_eq!(under, plain, "java under pagewise run: the sums differ\n{}", tail(&err));
+    let (armed, err) = compat::jvm_same_sums(d.path(), &dlm_with(16 << 20, None), |pid| {
+        compat::mapping_bytes(pid, |_, flags| flags.split_whitespace().any(|f| f == "um"))
+    });
     assert!(routed_allocations(&err, "dlm").unwrap_or(0) >= 1, "nothing routed\n{}", tail(&err));
     assert!(
-        armed >= heap << 20,
-        "only {armed} bytes of the JVM are on DLM memory, not its {heap} MiB heap\n{}",
+        armed >= compat::JVM_HEAP_MIB << 20,
+        "only {armed} bytes of the JVM are on DLM memory, not its {} MiB heap\n{}",
+        compat::JVM_HEAP_MIB,
         tail(&err)
     );
 }

@@ -95,13 +95,23 @@ fn perl_hashes_and_sorts_the_same() {
     same_under_hps(&jobs::perl(d.path(), 300_000));
 }
 
+/// The JVM's sums are the plain run's, and its heap is in HPS's tracked memory while it runs
+/// (the process's mappings of pagewise-hps memfds cover the heap).
 #[test]
-fn jvm_gives_the_same_sums() {
+fn jvm_heap_is_on_hps_and_gives_the_same_sums() {
     if !installed("java", &["-version"]) {
         return;
     }
     let d = scratch("hps-java");
-    same_under_hps(&jobs::java(d.path(), 128, 48, 2, false).unwrap());
+    let (tracked, err) = compat::jvm_same_sums(d.path(), &hps(), |pid| {
+        compat::mapping_bytes(pid, |header, _| header.contains("/memfd:pagewise-hps"))
+    });
+    assert!(
+        tracked >= compat::JVM_HEAP_MIB << 20,
+        "only {tracked} bytes of the JVM are in HPS memory, not its {} MiB heap\n{}",
+        compat::JVM_HEAP_MIB,
+        tail(&err)
+    );
 }
 
 fn server_keeps_every_value(kind: Kind, program: &str, probe: &[&str]) {

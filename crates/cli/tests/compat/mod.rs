@@ -2,10 +2,12 @@
 //! (pagewise_eval::programs) run plain and under a Pagewise wrapper must give the same
 //! canonical output, and the wrapper must really have put its memory on Pagewise.
 
-use std::path::PathBuf;
-use std::time::Duration;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
 
-use pagewise_eval::programs::{routed_allocations, run, Job, Outcome, Scratch, Wrap};
+use pagewise_eval::programs::{descendant_named, jobs, routed_allocations, run, Job, Outcome, Scratch, Wrap};
 
 pub fn pagewise() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_pagewise"))
@@ -69,4 +71,77 @@ pub fn tail(text: &str) -> String {
 
 pub fn scratch(tag: &str) -> Scratch {
     Scratch::new(&format!("compat-{tag}")).unwrap()
+}
+
+/// The JVM tests' heap (-Xms = -Xmx).
+pub const JVM_HEAP_MIB: u64 = 128;
+
+/// The bytes of `pid`'s mappings for which `keep(first line, VmFlags)` holds
+/// (/proc/PID/smaps).
+pub fn mapping_bytes(pid: u32, keep: impl Fn(&str, &str) -> bool) -> u64 {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    let (mut total, mut size, mut header) = (0, 0, String::new());
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            header = line.to_string();
+        } else if let Some(kb) = line.strip_prefix("Size:") {
+            size = kb.trim().trim_end_matches(" kB").trim().parse::<u64>().unwrap_or(0) * 1024;
+        } else if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if keep(&header, flags) {
+                total += size;
+            }
+        }
+    }
+    total
+}
+
+/// A JVM with a [`JVM_HEAP_MIB`] heap (serial GC) fills 48 MiB of long arrays and sums them
+/// twice in scattered order (crates/eval/programs/HeapWork.java), plain and under `wrap`: the
+/// sums must be the same. While the wrapped JVM still runs (its rounds printed, waiting on
+/// stdin), `measure(java's pid)` looks at it. Returns (what `measure` gave, the wrapped run's
+/// stderr).
+pub fn jvm_same_sums(dir: &Path, wrap: &Wrap, measure: impl Fn(u32) -> u64) -> (u64, String) {
+    ensure_libpagewise();
+    let job = jobs::java(dir, JVM_HEAP_MIB, 48, 2, true).unwrap();
+    let run_one = |wrap: &Wrap| -> (String, u64, String) {
+        let mut cmd = job.command(&pagewise(), wrap);
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut text = String::new();
+        let deadline = Instant::now() + BUDGET;
+        while text.lines().count() < 2 && Instant::now() < deadline {
+            let mut line = String::new();
+            if out.read_line(&mut line).unwrap_or(0) == 0 {
+                break;
+            }
+            text.push_str(&line);
+        }
+        let seen = descendant_named(child.id(), "java").map_or(0, &measure);
+        let _ = child.stdin.take().unwrap().write_all(b"\n");
+        let mut rest = String::new();
+        let _ = out.read_to_string(&mut rest);
+        text.push_str(&rest);
+        let until = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break Some(st);
+            }
+            if Instant::now() > until {
+                let _ = child.kill();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+        assert!(status.is_some_and(|s| s.success()), "java under {wrap:?}: {status:?}\n{}", tail(&err));
+        (text, seen, err)
+    };
+    let (plain, _, _) = run_one(&Wrap::Plain);
+    assert_eq!(plain.lines().count(), 2, "java on its own printed {plain:?}");
+    let (under, seen, err) = run_one(wrap);
+    assert_eq!(under, plain, "java under {wrap:?}: the sums differ\n{}", tail(&err));
+    (seen, err)
 }
