@@ -113,7 +113,7 @@ fn run_batch(
     let mut tick_n = 0u32;
     let mut tick = || -> anyhow::Result<()> {
         tick_n += 1;
-        if tick_n % 2 == 0 {
+        if tick_n.is_multiple_of(2) {
             if let Some(pid) = programs::descendant_named(std::process::id(), comm) {
                 peak = peak.max(memory_of(pid).unwrap_or(0));
             }
@@ -217,7 +217,7 @@ impl Experiment for HpsPrograms {
         let machine = ThpSetting::Enabled.read()?.active.clone();
         ctx.start_progress((progs.len() * CONFIGS.len() * reps) as u64, "runs");
         let budget = Duration::from_secs(mode.pick(300, 1800));
-        let mut results: Vec<(String, Vec<Vec<Run>>, Option<String>)> = Vec::new();
+        let mut results: Vec<ProgramRuns> = Vec::new();
         for p in &progs {
             let mut reference: Option<String> = None;
             let mut failure = None;
@@ -257,7 +257,10 @@ impl Experiment for HpsPrograms {
     }
 }
 
-fn report(results: &[(String, Vec<Vec<Run>>, Option<String>)], reps: usize, machine: &str) -> Report {
+/// A program's runs per configuration, or why it failed.
+type ProgramRuns = (String, Vec<Vec<Run>>, Option<String>);
+
+fn report(results: &[ProgramRuns], reps: usize, machine: &str) -> Report {
     let mut report = Report::default();
     let mut table = Table::new([
         "program",

@@ -27,10 +27,13 @@ const CASES: [(u64, u64); 2] = [(4 << 10, 5), (128 << 10, 50)];
 /// Progress steps: both sides of each case, each repetition.
 pub(crate) const STEPS: usize = CASES.len() * 2 * REPS;
 
-/// Loop times per case: (unmodified, library).
+/// One unit size's loop times: (unit, percent, local bytes, under `pagewise run`, library).
+type Case = (u64, u64, u64, Vec<f64>, Vec<f64>);
+
+/// Loop times per case.
 pub(crate) struct PathComparison {
     n: usize,
-    cases: Vec<(u64, u64, u64, Vec<f64>, Vec<f64>)>,
+    cases: Vec<Case>,
 }
 
 impl PathComparison {
