@@ -108,21 +108,36 @@ pub fn jvm_same_sums(dir: &Path, wrap: &Wrap, measure: impl Fn(u32) -> u64) -> (
         let mut cmd = job.command(&pagewise(), wrap);
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = cmd.spawn().unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
+        // stdout line by line and stderr whole, each on its own thread, so neither pipe can
+        // fill and stall the program, and a silent program cannot stall the test.
+        let (lines, got) = std::sync::mpsc::channel();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        std::thread::spawn(move || {
+            for line in out.lines() {
+                let Ok(line) = line else { break };
+                if lines.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut stderr = child.stderr.take().unwrap();
+        let err_reader = std::thread::spawn(move || {
+            let mut err = String::new();
+            let _ = stderr.read_to_string(&mut err);
+            err
+        });
         let mut text = String::new();
         let deadline = Instant::now() + BUDGET;
-        while text.lines().count() < 2 && Instant::now() < deadline {
-            let mut line = String::new();
-            if out.read_line(&mut line).unwrap_or(0) == 0 {
-                break;
+        let mut next_line =
+            |until: Instant| got.recv_timeout(until.saturating_duration_since(Instant::now())).ok().map(|l| l + "\n");
+        while text.lines().count() < 2 {
+            match next_line(deadline) {
+                Some(l) => text.push_str(&l),
+                None => break,
             }
-            text.push_str(&line);
         }
         let seen = descendant_named(child.id(), "java").map_or(0, &measure);
         let _ = child.stdin.take().unwrap().write_all(b"\n");
-        let mut rest = String::new();
-        let _ = out.read_to_string(&mut rest);
-        text.push_str(&rest);
         let until = Instant::now() + Duration::from_secs(30);
         let status = loop {
             if let Some(st) = child.try_wait().unwrap() {
@@ -130,13 +145,20 @@ pub fn jvm_same_sums(dir: &Path, wrap: &Wrap, measure: impl Fn(u32) -> u64) -> (
             }
             if Instant::now() > until {
                 let _ = child.kill();
+                let _ = child.wait();
                 break None;
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        let mut err = String::new();
-        let _ = child.stderr.take().unwrap().read_to_string(&mut err);
-        assert!(status.is_some_and(|s| s.success()), "java under {wrap:?}: {status:?}\n{}", tail(&err));
+        while let Some(l) = next_line(Instant::now() + Duration::from_secs(1)) {
+            text.push_str(&l);
+        }
+        let err = err_reader.join().unwrap_or_default();
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "java under {wrap:?}: {status:?} (killed if None: no exit within {BUDGET:?} + 30 s); printed {text:?}\n{}",
+            tail(&err)
+        );
         (text, seen, err)
     };
     let (plain, _, _) = run_one(&Wrap::Plain);
