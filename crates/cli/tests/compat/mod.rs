@@ -39,7 +39,7 @@ pub fn installed(program: &str, probe: &[&str]) -> bool {
 
 /// A budget no correct run comes near (plain runs take about a second): a run that needs it
 /// hangs or thrashes, and fails.
-pub const BUDGET: Duration = Duration::from_secs(60);
+pub const BUDGET: Duration = Duration::from_secs(45);
 
 /// Run `job` plain, then under `wrap`; both must finish, the outputs be the same, and the shim
 /// must report routed allocations on `arena`. Returns (plain, wrapped) outcomes.
@@ -138,7 +138,7 @@ pub fn jvm_same_sums(dir: &Path, wrap: &Wrap, measure: impl Fn(u32) -> u64) -> (
         }
         let seen = descendant_named(child.id(), "java").map_or(0, &measure);
         let _ = child.stdin.take().unwrap().write_all(b"\n");
-        let until = Instant::now() + Duration::from_secs(30);
+        let until = Instant::now() + Duration::from_secs(15);
         let status = loop {
             if let Some(st) = child.try_wait().unwrap() {
                 break Some(st);
@@ -156,7 +156,7 @@ pub fn jvm_same_sums(dir: &Path, wrap: &Wrap, measure: impl Fn(u32) -> u64) -> (
         let err = err_reader.join().unwrap_or_default();
         assert!(
             status.is_some_and(|s| s.success()),
-            "java under {wrap:?}: {status:?} (killed if None: no exit within {BUDGET:?} + 30 s); printed {text:?}\n{}",
+            "java under {wrap:?}: {status:?} (killed if None: no exit within {BUDGET:?} + 15 s); printed {text:?}\n{}",
             tail(&err)
         );
         (text, seen, err)
