@@ -128,7 +128,7 @@ pub fn jvm_same_sums(dir: &Path, wrap: &Wrap, measure: impl Fn(u32) -> u64) -> (
         });
         let mut text = String::new();
         let deadline = Instant::now() + BUDGET;
-        let mut next_line =
+        let next_line =
             |until: Instant| got.recv_timeout(until.saturating_duration_since(Instant::now())).ok().map(|l| l + "\n");
         while text.lines().count() < 2 {
             match next_line(deadline) {
