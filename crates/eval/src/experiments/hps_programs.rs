@@ -65,19 +65,23 @@ struct Program {
     work: Workload,
 }
 
-/// Memory of process `pid` as HPS sees it: VmRSS − RssShmem + the blocks of its pagewise-hps
-/// memfds (module doc).
+/// Memory of process `pid` as HPS sees it: VmRSS − RssShmem + the blocks of the pagewise-hps
+/// memfds it maps (module doc).
 pub(crate) fn memory_of(pid: u32) -> Option<u64> {
     let st = pagewise_kernel::procfs::read_status(pagewise_kernel::procfs::Pid::Id(pid as i32)).ok()?;
     let rss = st.vmrss? * 1024;
     let shmem = st.rssshmem.unwrap_or(0) * 1024;
+    // The arena closes its memfds once mapped: find them through their mappings
+    // (/proc/PID/map_files/START-END is the mapped file), each file counted once.
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let mut seen = std::collections::BTreeSet::new();
     let mut memfd = 0;
-    for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
-        let is_hps =
-            std::fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy().starts_with("/memfd:pagewise-hps"));
-        if is_hps {
-            if let Ok(m) = std::fs::metadata(fd.path()) {
-                memfd += std::os::unix::fs::MetadataExt::blocks(&m) * 512;
+    for line in maps.lines().filter(|l| l.contains("/memfd:pagewise-hps")) {
+        let Some(range) = line.split_whitespace().next() else { continue };
+        if let Ok(m) = std::fs::metadata(format!("/proc/{pid}/map_files/{range}")) {
+            use std::os::unix::fs::MetadataExt;
+            if seen.insert((m.dev(), m.ino())) {
+                memfd += m.blocks() * 512;
             }
         }
     }
@@ -357,4 +361,17 @@ fn report(results: &[ProgramRuns], reps: usize, machine: &str) -> Report {
          and memory(hps run) ≤ memory(plain) + 5% of THP always's increase (`*_hps_run_memory_vs_goal` ≤ 1).",
     );
     report
+}
+
+#[cfg(test)]
+mod tests {
+    /// A process with no HPS memfd: its memory is its RSS (less shared memory, none here).
+    #[test]
+    fn memory_of_a_plain_process_is_its_rss() {
+        let pid = std::process::id();
+        let m = super::memory_of(pid).unwrap();
+        let st = pagewise_kernel::procfs::read_status(pagewise_kernel::procfs::Pid::Id(pid as i32)).unwrap();
+        let rss = st.vmrss.unwrap() * 1024;
+        assert!(m > 0 && m <= rss + (1 << 20), "{m} vs {rss}");
+    }
 }
