@@ -16,6 +16,8 @@ APT_PACKAGES := build-essential pkg-config iproute2
 APT_PACKAGES += memcached libmemcached-tools
 # the Java module (java/) and the YCSB binding (bench/ycsb)
 APT_PACKAGES += openjdk-17-jdk-headless maven
+# third-party programs of dlm-programs, hps-programs and the compatibility tests (compat_*.rs)
+APT_PACKAGES += hpcc 7zip xz-utils zstd python3-numpy redis-server sqlite3 perl
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \

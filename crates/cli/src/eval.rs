@@ -20,12 +20,19 @@ pub const FEATURES: &[Feature] = &[
         name: "pagewise eval hps-kvcache",
         needs: &[Capability::ThpEnabled, Capability::Userfaultfd, Capability::MadvCollapseShmem],
     },
+    // Sets THP to `always` for some runs (guarded); `pagewise hps run` tracks and collapses.
+    Feature {
+        name: "pagewise eval hps-programs",
+        needs: &[Capability::ThpEnabled, Capability::Userfaultfd, Capability::MadvCollapseShmem],
+    },
     Feature { name: "pagewise eval dlm-fault", needs: &[Capability::Userfaultfd] },
     Feature { name: "pagewise eval dlm-pagesize", needs: &[Capability::Userfaultfd] },
     Feature { name: "pagewise eval dlm-autotune", needs: &[Capability::Userfaultfd] },
     // Makes its own swap file (swapon(2), root): needs no swap configured, only the memory
     // cgroup its swap runs are limited in.
     Feature { name: "pagewise eval dlm-vs-swap", needs: &[Capability::Userfaultfd, Capability::CgroupV1Memory] },
+    // zram swap and its own swap file (swapon(2), root), in a memory cgroup.
+    Feature { name: "pagewise eval dlm-programs", needs: &[Capability::Userfaultfd, Capability::CgroupV1Memory] },
     Feature { name: "pagewise eval spark-hugepages", needs: &[Capability::ThpEnabled, Capability::MadvCollapse] },
     Feature {
         name: "pagewise eval reclaim-percore",

@@ -1,0 +1,377 @@
+//! `hps-programs`: HPS under third-party programs nobody here wrote (issue 22), each run three
+//! ways, interleaved, repetition after repetition:
+//! - **plain**: the machine's THP policy as found (`madvise` here), plus whatever the program
+//!   asks for itself (numpy madvises its large arrays MADV_HUGEPAGE);
+//! - **THP always**: `/sys/kernel/mm/transparent_hugepage/enabled` = `always`, set through the
+//!   settings guard for that run only;
+//! - **hps run**: `pagewise hps run` (default flags) with the machine's policy.
+//!
+//! Programs: the numpy pattern of issue 22 (an array, rounds of random gathers inside its
+//! first part, each gather allocating and freeing a temporary; quick: 1 GiB / 128 MiB / 8
+//! rounds of 10 M, full: 2 GiB / 256 MiB / 15 rounds of 20 M), GNU sort with a large buffer,
+//! a JVM with a large heap (crates/eval/programs/HeapWork.java), and memcached and
+//! redis-server (jemalloc) filled with records, then read with YCSB's scrambled zipfian choice
+//! (every value checked). Time: a batch program's wall time; a server's time for its reads.
+//! Outputs are compared with the plain run's (crates/eval/src/programs).
+//!
+//! Memory: the program's peak, sampled every 20 ms, of VmRSS − RssShmem + the blocks of its
+//! `pagewise-hps` memfds (RSS misses the tracked memfds' pages whose mappings the tracker
+//! dropped; their blocks are the pages themselves: the same measure as kvcache's
+//! `memory_bytes`); for servers, after the reads. The goal (issue 22):
+//! memory(hps run) ≤ memory(plain) + 5% × (memory(THP always) − memory(plain));
+//! `hps_run_memory_vs_goal` is the first over the second (≤ 1 meets it).
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{ensure, Context as _};
+use pagewise_dlm::process::pagewise_binary;
+use pagewise_kernel::thp::ThpSetting;
+use pagewise_kernel::SettingsGuard;
+use serde_json::json;
+
+use crate::programs::servers::{self, Kind};
+use crate::programs::{self, jobs, Job, Scratch, Wrap};
+use crate::{human_bytes, ratio, Context, Experiment, Plot, Report, Summary, Table};
+
+pub struct HpsPrograms;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Config {
+    Plain,
+    ThpAlways,
+    Hps,
+}
+
+const CONFIGS: [Config; 3] = [Config::Plain, Config::ThpAlways, Config::Hps];
+
+impl Config {
+    fn label(self) -> &'static str {
+        match self {
+            Config::Plain => "plain",
+            Config::ThpAlways => "THP always",
+            Config::Hps => "hps run",
+        }
+    }
+}
+
+enum Workload {
+    Batch { job: Job, comm: &'static str },
+    Server { kind: Kind, records: u64, value: usize, reads: u64 },
+}
+
+struct Program {
+    name: String,
+    work: Workload,
+}
+
+/// Memory of process `pid` as HPS sees it: VmRSS − RssShmem + the blocks of the pagewise-hps
+/// memfds it maps (module doc).
+pub(crate) fn memory_of(pid: u32) -> Option<u64> {
+    let st = pagewise_kernel::procfs::read_status(pagewise_kernel::procfs::Pid::Id(pid as i32)).ok()?;
+    let rss = st.vmrss? * 1024;
+    let shmem = st.rssshmem.unwrap_or(0) * 1024;
+    // The arena closes its memfds once mapped: find them through their mappings
+    // (/proc/PID/map_files/START-END is the mapped file), each file counted once.
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let mut seen = std::collections::BTreeSet::new();
+    let mut memfd = 0;
+    for line in maps.lines().filter(|l| l.contains("/memfd:pagewise-hps")) {
+        let Some(range) = line.split_whitespace().next() else { continue };
+        if let Ok(m) = std::fs::metadata(format!("/proc/{pid}/map_files/{range}")) {
+            use std::os::unix::fs::MetadataExt;
+            if seen.insert((m.dev(), m.ino())) {
+                memfd += m.blocks() * 512;
+            }
+        }
+    }
+    Some(rss.saturating_sub(shmem) + memfd)
+}
+
+/// One run's figures.
+#[derive(Clone, Debug)]
+struct Run {
+    secs: f64,
+    memory: u64,
+    /// Batch numpy: the median round time.
+    round_median: Option<f64>,
+}
+
+fn set_thp(guard: &SettingsGuard, c: Config, machine: &str) -> anyhow::Result<()> {
+    let want = if c == Config::ThpAlways { "always" } else { machine };
+    ThpSetting::Enabled.set(guard, want).with_context(|| format!("setting THP to {want}"))?;
+    Ok(())
+}
+
+fn run_batch(
+    pagewise: &Path,
+    job: &Job,
+    comm: &str,
+    c: Config,
+    reference: Option<&str>,
+    budget: Duration,
+) -> anyhow::Result<(Run, String)> {
+    let wrap = if c == Config::Hps { Wrap::Hps { min_alloc: 1 << 20 } } else { Wrap::Plain };
+    job.reset()?;
+    let mut peak = 0u64;
+    let mut tick_n = 0u32;
+    let mut tick = || -> anyhow::Result<()> {
+        tick_n += 1;
+        if tick_n.is_multiple_of(2) {
+            if let Some(pid) = programs::descendant_named(std::process::id(), comm) {
+                peak = peak.max(memory_of(pid).unwrap_or(0));
+            }
+        }
+        Ok(())
+    };
+    let o = programs::run(job.command(pagewise, &wrap), budget, Some(&mut tick))?;
+    ensure!(o.finished(), "{} ({}) did not finish within {budget:?}", job.name, c.label());
+    let out = job.canonical(&o).with_context(|| format!("{} ({})", job.name, c.label()))?;
+    if let Some(r) = reference {
+        ensure!(out == r, "{} ({}): the output differs from the plain run's", job.name, c.label());
+    }
+    let rounds = jobs::round_times(&o.stdout.head);
+    let round_median = (!rounds.is_empty()).then(|| Summary::of(&rounds).median);
+    // Processes shorter than the sampling period: wait4's peak RSS.
+    let memory = if peak == 0 { o.max_rss } else { peak };
+    Ok((Run { secs: o.wall, memory, round_median }, out))
+}
+
+fn run_server(
+    pagewise: &Path,
+    kind: Kind,
+    records: u64,
+    value: usize,
+    reads: u64,
+    c: Config,
+    dir: &Path,
+) -> anyhow::Result<Run> {
+    let wrap = if c == Config::Hps { Wrap::Hps { min_alloc: 1 << 20 } } else { Wrap::Plain };
+    let mem_mib = (records * (value as u64 + 200)).div_ceil(1 << 20) * 2 + 64;
+    let s = servers::start(kind, pagewise, &wrap, mem_mib, dir)?;
+    let work = || -> anyhow::Result<servers::Reads> {
+        servers::fill(kind, &s.addr, records, value)?;
+        // A warm-up read pass (HPS tracks and promotes here), then the measured one.
+        servers::zipfian_reads(kind, &s.addr, records, value, reads, 1)?;
+        servers::zipfian_reads(kind, &s.addr, records, value, reads, 2)
+    };
+    let reads_done = work();
+    let memory = memory_of(s.pid).unwrap_or(0);
+    let err = s.stop()?;
+    let r = reads_done.with_context(|| format!("{} ({}):\n{}", kind.name(), c.label(), programs::tail(&err, 20)))?;
+    ensure!(r.misses == 0, "{} ({}): {} stored records missing", kind.name(), c.label(), r.misses);
+    Ok(Run { secs: r.secs, memory, round_median: None })
+}
+
+impl Experiment for HpsPrograms {
+    fn name(&self) -> &'static str {
+        "hps-programs"
+    }
+
+    fn description(&self) -> &'static str {
+        "third-party programs (numpy's gather pattern, sort, a JVM, memcached, redis) plain, with THP always and under `pagewise hps run`: time and memory (issue 22)"
+    }
+
+    fn run(&self, ctx: &mut Context) -> anyhow::Result<Report> {
+        let pagewise = pagewise_binary()?;
+        let mode = ctx.mode;
+        let reps = 3;
+        let scratch = Scratch::new("hps-programs")?;
+        let dir = scratch.path();
+        let (size, hot, rounds, gathers) = mode.pick((1024, 128, 8, 10_000_000), (2048, 256, 15, 20_000_000));
+        let progs = vec![
+            Program {
+                name: "numpy-gather".into(),
+                work: Workload::Batch { job: jobs::numpy_gather(dir, size, hot, rounds, gathers)?, comm: "python3" },
+            },
+            Program {
+                name: "sort".into(),
+                work: Workload::Batch {
+                    job: jobs::sort(dir, mode.pick(64 << 20, 256 << 20), mode.pick(256 << 20, 1 << 30))?,
+                    comm: "sort",
+                },
+            },
+            Program {
+                name: "java".into(),
+                work: Workload::Batch {
+                    job: jobs::java(dir, mode.pick(768, 2048), mode.pick(384, 1024), mode.pick(3, 4), false)?,
+                    comm: "java",
+                },
+            },
+            Program {
+                name: "memcached".into(),
+                work: Workload::Server {
+                    kind: Kind::Memcached,
+                    records: mode.pick(100_000, 400_000),
+                    value: 1000,
+                    reads: mode.pick(400_000, 2_000_000),
+                },
+            },
+            Program {
+                name: "redis".into(),
+                work: Workload::Server {
+                    kind: Kind::Redis,
+                    records: mode.pick(100_000, 400_000),
+                    value: 1000,
+                    reads: mode.pick(400_000, 2_000_000),
+                },
+            },
+        ];
+        let guard = SettingsGuard::new();
+        let machine = ThpSetting::Enabled.read()?.active.clone();
+        ctx.start_progress((progs.len() * CONFIGS.len() * reps) as u64, "runs");
+        let budget = Duration::from_secs(mode.pick(300, 1800));
+        let mut results: Vec<ProgramRuns> = Vec::new();
+        for p in &progs {
+            let mut reference: Option<String> = None;
+            let mut failure = None;
+            let runs = crate::interleave(ctx, &CONFIGS, reps, |&c, rep| {
+                ctx.message(format!("{} {} #{rep}", p.name, c.label()));
+                set_thp(&guard, c, &machine)?;
+                let r = match &p.work {
+                    Workload::Batch { job, comm } => {
+                        let (run, out) = run_batch(&pagewise, job, comm, c, reference.as_deref(), budget)?;
+                        reference.get_or_insert(out);
+                        run
+                    }
+                    Workload::Server { kind, records, value, reads } => {
+                        run_server(&pagewise, *kind, *records, *value, *reads, c, dir)?
+                    }
+                };
+                set_thp(&guard, Config::Plain, &machine)?;
+                Ok(r)
+            });
+            let runs = match runs {
+                Ok(r) => r,
+                Err(e) => {
+                    // A program that fails under one configuration is reported, and the others go on.
+                    set_thp(&guard, Config::Plain, &machine)?;
+                    ctx.log(format!("{}: {e:#}", p.name));
+                    failure = Some(format!("{e:#}").lines().take(8).collect::<Vec<_>>().join(" / "));
+                    Vec::new()
+                }
+            };
+            results.push((p.name.clone(), runs, failure));
+        }
+        if let Some(e) = guard.restore().into_iter().next() {
+            anyhow::bail!("the settings guard could not restore: {e}");
+        }
+        drop(scratch);
+        Ok(report(&results, reps, &machine))
+    }
+}
+
+/// A program's runs per configuration, or why it failed.
+type ProgramRuns = (String, Vec<Vec<Run>>, Option<String>);
+
+fn report(results: &[ProgramRuns], reps: usize, machine: &str) -> Report {
+    let mut report = Report::default();
+    let mut table = Table::new([
+        "program",
+        "plain s",
+        "THP always s",
+        "hps run s",
+        "hps / best",
+        "plain memory",
+        "THP always memory",
+        "hps run memory",
+        "hps memory / goal",
+    ]);
+    let mut failures = Table::new(["program", "what happened"]);
+    let mut time_plot = Plot::new("Time relative to the faster of plain and THP always", "program", "ratio");
+    let mut pts = Vec::new();
+    let mut worst = f64::NAN;
+    let mut worst_mem = f64::NAN;
+    let mut data = Vec::new();
+    for (i, (name, runs, failure)) in results.iter().enumerate() {
+        let key = name.replace('-', "_");
+        if let Some(f) = failure {
+            failures.row([name.clone(), f.clone()]);
+            report.figure(&format!("{key}_hps_run_vs_best_time"), serde_json::Value::Null);
+            table.row([
+                name.clone(),
+                "FAILED".into(),
+                "".into(),
+                "".into(),
+                "—".into(),
+                "".into(),
+                "".into(),
+                "".into(),
+                "—".into(),
+            ]);
+            continue;
+        }
+        let secs = |k: usize| Summary::of(&runs[k].iter().map(|r| r.secs).collect::<Vec<_>>());
+        let mem = |k: usize| Summary::of(&runs[k].iter().map(|r| r.memory as f64).collect::<Vec<_>>()).median;
+        let (plain, thp, hps) = (secs(0), secs(1), secs(2));
+        let best = plain.median.min(thp.median);
+        let vs_best = ratio(hps.median, best);
+        let (m_plain, m_thp, m_hps) = (mem(0), mem(1), mem(2));
+        let goal = m_plain + 0.05 * (m_thp - m_plain).max(0.0);
+        let vs_goal = ratio(m_hps, goal);
+        worst = if worst.is_nan() { vs_best } else { worst.max(vs_best) };
+        worst_mem = if worst_mem.is_nan() { vs_goal } else { worst_mem.max(vs_goal) };
+        pts.push((i as f64, vs_best));
+        let mib = |b: f64| human_bytes(b as u64);
+        table.row([
+            name.clone(),
+            plain.display(3),
+            thp.display(3),
+            hps.display(3),
+            format!("{vs_best:.3}"),
+            mib(m_plain),
+            mib(m_thp),
+            mib(m_hps),
+            format!("{vs_goal:.3}"),
+        ]);
+        report.figure(&format!("{key}_hps_run_vs_best_time"), vs_best);
+        report.figure(&format!("{key}_hps_run_memory_vs_goal"), vs_goal);
+        report.figure(&format!("{key}_thp_always_vs_plain_time"), ratio(thp.median, plain.median));
+        for (k, rs) in runs.iter().enumerate() {
+            for (rep, r) in rs.iter().enumerate() {
+                data.push(json!({"program": name, "config": CONFIGS[k].label(), "rep": rep, "secs": r.secs,
+                    "memory_bytes": r.memory, "round_median_s": r.round_median}));
+            }
+        }
+    }
+    let mut first = serde_json::Map::new();
+    first.insert(
+        "hps_run_vs_best_time_max".into(),
+        if worst.is_finite() { json!(worst) } else { serde_json::Value::Null },
+    );
+    first.insert(
+        "hps_run_memory_vs_goal_max".into(),
+        if worst_mem.is_finite() { json!(worst_mem) } else { serde_json::Value::Null },
+    );
+    first.insert("failed_programs".into(), json!(failures.rows.len()));
+    first.append(&mut report.summary);
+    report.summary = first;
+    report.table(
+        format!("Median [min–max] of {reps} interleaved runs (batch: wall seconds; servers: seconds for the measured zipfian reads); memory: peak VmRSS − RssShmem + HPS memfd blocks (servers: after the reads); the machine's THP policy: {machine}"),
+        table,
+    );
+    if !failures.rows.is_empty() {
+        report.table("Programs that failed", failures);
+    }
+    time_plot.series("hps run / best", pts);
+    report.plots.push(time_plot);
+    report.data = json!(data);
+    report.note(
+        "Goals (issue 22): `hps_run_vs_best_time_max` ≤ 1.02 (hps run ≥ 0.98× the faster of plain and THP always on every program), \
+         and memory(hps run) ≤ memory(plain) + 5% of THP always's increase (`*_hps_run_memory_vs_goal` ≤ 1).",
+    );
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    /// A process with no HPS memfd: its memory is its RSS (less shared memory, none here).
+    #[test]
+    fn memory_of_a_plain_process_is_its_rss() {
+        let pid = std::process::id();
+        let m = super::memory_of(pid).unwrap();
+        let st = pagewise_kernel::procfs::read_status(pagewise_kernel::procfs::Pid::Id(pid as i32)).unwrap();
+        let rss = st.vmrss.unwrap() * 1024;
+        assert!(m > 0 && m <= rss + (1 << 20), "{m} vs {rss}");
+    }
+}
