@@ -8,13 +8,14 @@
 
 pub mod experiments;
 pub mod harness;
+pub mod paging;
 pub mod readme;
 pub mod report;
 pub mod sample;
 pub mod stats;
 
 pub use harness::{interleave, run_experiment, Context, Experiment, Mode};
-pub use report::{Plot, Report, Table};
+pub use report::{Censored, Plot, Report, Table};
 pub use stats::{ratio, Latency, Summary};
 
 /// Every experiment, in the order `pagewise eval all` runs them.

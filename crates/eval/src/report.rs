@@ -90,6 +90,85 @@ impl Plot {
     }
 }
 
+/// Which way a figure may be off because runs entering it were cut off at a time budget and
+/// counted as the budget (their true time is longer). Written next to the figure as
+/// `KEY_censored` ([`Report::figure_censored`]); `pagewise eval report` shows such a figure as
+/// a bound (≥ or ≤).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Censored {
+    /// The true value is at least the one shown (a cut-off run is in a numerator).
+    LowerBound,
+    /// The true value is at most the one shown (a cut-off run is in a denominator).
+    UpperBound,
+    /// Cut-off runs on both sides: the figure bounds nothing.
+    Unknown,
+}
+
+impl Censored {
+    /// The censoring of a ratio `a / b` of times when runs of `a` (`numerator_cut`) or of `b`
+    /// were counted as the budget; None when neither was.
+    pub fn of_ratio(numerator_cut: bool, denominator_cut: bool) -> Option<Self> {
+        match (numerator_cut, denominator_cut) {
+            (false, false) => None,
+            (true, false) => Some(Censored::LowerBound),
+            (false, true) => Some(Censored::UpperBound),
+            (true, true) => Some(Censored::Unknown),
+        }
+    }
+
+    /// The largest of `figures` (NaNs ignored) and its censoring: a maximum whose largest term
+    /// is exact or a lower bound is a lower bound as soon as any term is (the true maximum is
+    /// at least that term's true value); with upper bounds only, it is an upper bound; else
+    /// unknown. NaN when every figure is.
+    pub fn of_max(figures: &[(f64, Option<Censored>)]) -> (f64, Option<Censored>) {
+        Self::of_extreme(figures, |a, b| a > b, Censored::LowerBound, Censored::UpperBound)
+    }
+
+    /// The smallest of `figures`, the mirror of [`Censored::of_max`].
+    pub fn of_min(figures: &[(f64, Option<Censored>)]) -> (f64, Option<Censored>) {
+        Self::of_extreme(figures, |a, b| a < b, Censored::UpperBound, Censored::LowerBound)
+    }
+
+    /// `beats(a, b)`: a is more extreme than b. `toward`: the bound that pushes the extreme
+    /// further (lower bound for a maximum); `away`: the other one.
+    fn of_extreme(
+        figures: &[(f64, Option<Censored>)],
+        beats: impl Fn(f64, f64) -> bool,
+        toward: Censored,
+        away: Censored,
+    ) -> (f64, Option<Censored>) {
+        let Some(&(value, at)) =
+            figures.iter().filter(|(v, _)| !v.is_nan()).reduce(|x, y| if beats(y.0, x.0) { y } else { x })
+        else {
+            return (f64::NAN, None);
+        };
+        let kinds: Vec<Censored> = figures.iter().filter(|(v, _)| !v.is_nan()).filter_map(|(_, c)| *c).collect();
+        let open_ended = kinds.iter().any(|&c| c == toward || c == Censored::Unknown);
+        let censored = if open_ended {
+            match at {
+                None => Some(toward),
+                Some(c) if c == toward => Some(toward),
+                Some(_) => Some(Censored::Unknown),
+            }
+        } else if kinds.contains(&away) {
+            Some(away)
+        } else {
+            None
+        };
+        (value, censored)
+    }
+
+    /// The summary's spelling: `lower_bound`, `upper_bound`, `unknown`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Censored::LowerBound => "lower_bound",
+            Censored::UpperBound => "upper_bound",
+            Censored::Unknown => "unknown",
+        }
+    }
+}
+
 /// Everything an experiment reports.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Report {
@@ -106,6 +185,15 @@ pub struct Report {
 impl Report {
     pub fn figure(&mut self, key: &str, value: impl Into<serde_json::Value>) {
         self.summary.insert(key.to_string(), value.into());
+    }
+
+    /// A figure computed from runs some of which may have been cut off at a time budget:
+    /// `key`, and `key_censored` (`lower_bound`, `upper_bound` or `unknown`) when they were.
+    pub fn figure_censored(&mut self, key: &str, value: f64, censored: Option<Censored>) {
+        self.figure(key, value);
+        if let Some(c) = censored {
+            self.figure(&format!("{key}_censored"), c.as_str());
+        }
     }
 
     pub fn table(&mut self, title: impl Into<String>, table: Table) {
@@ -224,6 +312,31 @@ mod tests {
         assert_eq!(lines.len(), 4);
         assert!(lines.iter().all(|l| l.chars().count() == lines[0].chars().count()));
         assert!(lines[1].starts_with("|--"));
+    }
+
+    #[test]
+    fn censoring_of_ratios_and_extremes() {
+        use Censored::*;
+        assert_eq!(Censored::of_ratio(false, false), None);
+        assert_eq!(Censored::of_ratio(true, false), Some(LowerBound));
+        assert_eq!(Censored::of_ratio(false, true), Some(UpperBound));
+        assert_eq!(Censored::of_ratio(true, true), Some(Unknown));
+        // The largest term exact, another a lower bound: the true maximum is at least it.
+        assert_eq!(Censored::of_max(&[(1.2, None), (0.9, Some(LowerBound))]), (1.2, Some(LowerBound)));
+        // The largest term an upper bound while another is open-ended: nothing is known.
+        assert_eq!(Censored::of_max(&[(1.2, Some(UpperBound)), (0.9, Some(LowerBound))]), (1.2, Some(Unknown)));
+        // Upper bounds only: the maximum is at most the largest shown.
+        assert_eq!(Censored::of_max(&[(1.2, Some(UpperBound)), (0.9, None)]), (1.2, Some(UpperBound)));
+        assert_eq!(Censored::of_max(&[(1.2, None), (f64::NAN, Some(LowerBound))]), (1.2, None));
+        assert!(Censored::of_max(&[(f64::NAN, None)]).0.is_nan());
+        // The minimum mirrors it.
+        assert_eq!(Censored::of_min(&[(0.5, None), (0.9, Some(UpperBound))]), (0.5, Some(UpperBound)));
+        assert_eq!(Censored::of_min(&[(0.5, Some(LowerBound)), (0.9, None)]), (0.5, Some(LowerBound)));
+        let mut r = Report::default();
+        r.figure_censored("a", 1.0, None);
+        r.figure_censored("b", 2.0, Some(LowerBound));
+        assert_eq!(r.summary.get("a_censored"), None);
+        assert_eq!(r.summary["b_censored"], "lower_bound");
     }
 
     #[test]

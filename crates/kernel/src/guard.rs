@@ -36,6 +36,9 @@ pub enum Undo {
     RestoreAffinity { pid: i32, cpus: String },
     /// Swap off a swap file the guard created (if it is on) and delete it.
     RemoveSwapFile { path: PathBuf },
+    /// Swap off a zram device the guard set up (if it is on) and reset it (`sysfs` is its
+    /// /sys/block directory, `device` its /dev node).
+    ResetZram { sysfs: PathBuf, device: PathBuf },
 }
 
 struct Inner {
@@ -111,6 +114,12 @@ impl SettingsGuard {
     /// it will be swapped off and deleted on restore.
     pub fn record_swap_file(&self, path: impl Into<PathBuf>) {
         self.push(Undo::RemoveSwapFile { path: path.into() });
+    }
+
+    /// Record that this guard initialises the zram device `device` (/sys/block directory
+    /// `sysfs`): it will be swapped off and reset on restore.
+    pub fn record_zram(&self, sysfs: impl Into<PathBuf>, device: impl Into<PathBuf>) {
+        self.push(Undo::ResetZram { sysfs: sysfs.into(), device: device.into() });
     }
 
     /// Record `pid`'s CPU affinity before the first change this guard makes to it.
@@ -196,6 +205,7 @@ pub fn apply_undo(steps: Vec<Undo>) -> Vec<Error> {
             Undo::Unmount { path } => crate::tracefs::unmount(path),
             Undo::RestoreAffinity { pid, cpus } => restore_affinity(*pid, cpus),
             Undo::RemoveSwapFile { path } => crate::swap::remove_swap_file(path),
+            Undo::ResetZram { sysfs, device } => crate::swap::zram::reset_zram(sysfs, device),
         };
         if let Err(e) = result {
             errors.push(e);

@@ -1,4 +1,7 @@
-//! Swap files: create one, swapon(2)/swapoff(2), and read /proc/swaps.
+//! Swap: swap files and swap on zram ([`zram`]), swapon(2)/swapoff(2), and /proc/swaps.
+//!
+//! Both kinds of swap space Pagewise sets up implement [`SwapSpace`] (on, off, is it on), so a
+//! baseline that runs a program under a memory cgroup limit with swap on takes either.
 //!
 //! A swap file is a system setting like any other: [`SwapFile::create`] records it in the
 //! settings guard *before* the file exists, and the guard's undo swaps it off (if it is on)
@@ -28,6 +31,9 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{read_file, Error, Result};
 use crate::guard::SettingsGuard;
+
+pub mod zram;
+pub use zram::ZramSwap;
 
 /// The magic string at the end of the header page (version 2 swap space, include/linux/swap.h).
 pub const SWAP_MAGIC: &[u8; 10] = b"SWAPSPACE2";
@@ -203,6 +209,51 @@ fn random_uuid() -> [u8; 16] {
     u
 }
 
+/// Swap space Pagewise set up — a [`SwapFile`] or a [`ZramSwap`] — which a run turns on only
+/// while it needs it, so that nothing else on the machine pages to it.
+pub trait SwapSpace: std::fmt::Debug + Sync {
+    /// The file or device, canonical, as /proc/swaps lists it.
+    fn path(&self) -> &Path;
+
+    /// One line for a report: what it is, where, how large.
+    fn describe(&self) -> String;
+
+    /// swapon(2).
+    fn on(&self) -> Result<()> {
+        swap_on(self.path())
+    }
+
+    /// swapoff(2) (the kernel reads every page still in it back into memory first); nothing
+    /// to do if it is off.
+    fn off(&self) -> Result<()> {
+        if self.is_on()? {
+            swap_off(self.path())?;
+        }
+        Ok(())
+    }
+
+    /// Whether /proc/swaps lists it.
+    fn is_on(&self) -> Result<bool> {
+        Ok(swap_area(self.path())?.is_some())
+    }
+
+    /// Its line of /proc/swaps, when on.
+    fn area(&self) -> Result<Option<SwapArea>> {
+        swap_area(self.path())
+    }
+
+    /// The most RAM the swap space itself took since [`SwapSpace::reset_ram_peak`]: a zram
+    /// device's compressed pool; None for a swap file, whose pages go to disk.
+    fn ram_peak(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
+
+    /// Start a new [`SwapSpace::ram_peak`].
+    fn reset_ram_peak(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
 /// A swap file Pagewise created, owned by a settings guard: swapped off and deleted when the
 /// guard restores.
 #[derive(Debug)]
@@ -276,36 +327,18 @@ impl SwapFile {
         Ok(SwapFile { path, bytes })
     }
 
-    /// The file's canonical path, as /proc/swaps lists it.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
+}
 
-    /// swapon(2).
-    pub fn on(&self) -> Result<()> {
-        swap_on(&self.path)
+impl SwapSpace for SwapFile {
+    fn path(&self) -> &Path {
+        &self.path
     }
 
-    /// swapoff(2); nothing to do if it is off.
-    pub fn off(&self) -> Result<()> {
-        if self.is_on()? {
-            swap_off(&self.path)?;
-        }
-        Ok(())
-    }
-
-    /// Whether /proc/swaps lists the file.
-    pub fn is_on(&self) -> Result<bool> {
-        Ok(swap_area(&self.path)?.is_some())
-    }
-
-    /// Its line of /proc/swaps, when on.
-    pub fn area(&self) -> Result<Option<SwapArea>> {
-        swap_area(&self.path)
+    fn describe(&self) -> String {
+        format!("swap file {} ({} MiB)", self.path.display(), self.bytes >> 20)
     }
 }
 

@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 
 use pagewise_kernel::cgroup::{v1_memory_root, v2_memory_root, MemCgroup};
 use pagewise_kernel::guard::{recover_dead_journals, SettingsGuard};
-use pagewise_kernel::swap::{active_swaps, SwapFile};
+use pagewise_kernel::swap::{active_swaps, SwapFile, SwapSpace};
 
 const SIZE: u64 = 64 << 20;
 

@@ -1,24 +1,34 @@
-//! `dlm-vs-swap`: DLM under an unmodified program against Linux's own paging (issue 9 §5).
+//! `dlm-vs-swap`: DLM under an unmodified program against Linux's own paging (issues 9 §5 and 23).
 //!
 //! The program is the BT-like solver of `dlm-autotune` written as plain C
 //! (`crates/eval/programs/bt_like.c`: seven malloc'd N³ arrays, a fixed number of iterations,
-//! a checksum and per-iteration times on stdout), compiled here with `cc`. Three ways to run it:
+//! a checksum and per-iteration times on stdout), compiled here with `cc`. Four ways to run it:
 //! - **all local**: on its own, in a memory cgroup with no limit (to measure its footprint);
-//! - **Linux swap**: in a memory cgroup whose limit (v1 memory.limit_in_bytes) is the local
-//!   memory DLM gets plus what the group is charged for beyond the arrays (below), with a swap
-//!   file on the disk the results go to (the repo's disk, never tmpfs). The swap file is made
-//!   and removed through the settings guard, and it is on only while a swap run runs, so other
-//!   work on the machine never sees swap;
+//! - **Linux swap on zram** (the like-for-like baseline: DLM's servers keep the pages in RAM,
+//!   and so does zram, compressed): in a memory cgroup whose limit (v1 memory.limit_in_bytes)
+//!   is the local memory DLM gets plus what the group is charged for beyond the arrays
+//!   (below), with `/dev/zram0` as swap ([`crate::paging::zram_swap`]: lz4 where offered);
+//! - **Linux swap on disk**: the same limit with a swap file on the disk the results go to (the
+//!   repo's disk, never tmpfs);
 //! - **DLM**: `pagewise run --page-size auto --local-mem SAME --spawn-servers 2`, the shim
 //!   routing the arrays into DLM memory (two spawned local memory servers, as in
 //!   `dlm-autotune`), the unit tuned over windows from 128 KiB down to 16 KiB.
 //!
+//! The zram device and the swap file are set up and removed through the settings guard, and
+//! each is on only while one of its runs runs ([`crate::paging::run_limited_with_swap`], which
+//! also explains why the group's statistics are refreshed every 10 ms during those runs), so
+//! other work on the machine never sees swap. zram's compressed pool is not charged to the
+//! group: the table reports its peak next to the limit, as DLM's servers' memory is not in
+//! DLM's local memory either.
+//!
 //! Local memory is a share of the arrays (quick: 50% and 10%; full: 50/25/10/5%), rounded down
 //! to whole 128 KiB units. Repetitions are interleaved (all configurations of repetition 0,
-//! then of repetition 1, …). Every run must print the same checksum — a mismatch fails the
-//! experiment. The time compared is the program's own loop time (from its first iteration to
-//! its last, so neither process start, server start nor the initialisation of the arrays is
-//! in it); a run over the time budget is stopped and reported as censored.
+//! then of repetition 1, …), and each DLM/zram and DLM/disk ratio is also taken per repetition
+//! (runs seconds apart), whose extremes are the `_min`/`_max` keys. Every run must print the
+//! same checksum — a mismatch fails the experiment. The time compared is the program's own
+//! loop time (from its first iteration to its last, so neither process start, server start
+//! nor the initialisation of the arrays is in it); a run over the time budget is stopped and
+//! counted as the budget, which makes the ratios it enters bounds (`*_censored`).
 //!
 //! What the limit counts: a v1 memory cgroup charges the program's anonymous memory (the
 //! arrays, its stack, libc's heap and data; pages in the swap cache count while resident) and
@@ -33,45 +43,21 @@
 //! 160 KiB of kernel memory). The pre-charged batches are left out: near the limit the kernel
 //! charges page by page and drains them before it gives up. (Earlier versions added the
 //! group's peak usage beyond the arrays, 512 KiB, which holds them.)
-//!
-//! Why the swap group's statistics are refreshed: at 10% (4.6 MiB for 47 MiB of arrays) the
-//! group's OOM killer killed about one run in three (7 of 23 in a shell reproduction of a swap
-//! run) with most of the swap file free. Traced (vmscan tracepoints, Linux 6.18): before each
-//! kill, 18 reclaim rounds in a row freed 0 pages in 0.2 ms without scanning a page, and the
-//! group's memory.stat at the kill read `inactive_anon 0`, `active_anon 5.0 MiB`. Reclaim
-//! evicts from the inactive list only, and moves anonymous pages from the active list to it
-//! only when the group's statistics say the inactive list is low or new refaults were seen
-//! (`inactive_is_low()`, `prepare_scan_control()`, `shrink_lruvec()`, mm/vmscan.c). Those
-//! statistics are per-CPU counters summed every 2 s (and by readers of memory.stat); reclaim
-//! does not sum them itself unless that is late. In a 5 MiB group paging tens of thousands of
-//! pages a second, the real inactive list empties while the summed counters, up to 2 s old,
-//! still say it is not low: nothing is deactivated, the rounds free nothing, and
-//! try_charge_memcg() declares OOM after MAX_RECLAIM_RETRIES. The traces show the active list
-//! aged only in bursts 2 s apart. Swappiness 100 for the group and page-cluster 0 each left
-//! kills (1 in 8), as the mechanism does not involve them. So during a swap run the
-//! experiment reads the swap group's memory.stat every 10 ms ([`MemCgroup::refresh_stats`]),
-//! which sums the counters: reclaim then decides on sizes at most 10 ms old. No run was
-//! killed since (0 of 26 in the shell reproduction, 0 of 9 in three runs of the experiment;
-//! a read every 50 or 200 ms also gave 0 of 8). This gives the group no memory; a read costs
-//! about 0.1 ms of the experiment's own thread. Interleaved at 10%, reading every 10 ms
-//! against every 200 ms changed the loop time by a median factor of 0.97 [0.71–1.09] (6
-//! pairs, loaded machine) and the major faults by +3%. OOM kills that still happen are shown
-//! in the table and counted in `swap_runs_oom_killed`.
-//! Swap runs otherwise use the kernel's defaults (swappiness 60, page-cluster read-ahead).
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use anyhow::{bail, ensure, Context as _};
 use pagewise_dlm::process::pagewise_binary;
 use pagewise_kernel::cgroup::{MemCgroup, Version};
-use pagewise_kernel::swap::SwapFile;
+use pagewise_kernel::swap::{SwapFile, SwapSpace, ZramSwap};
 use pagewise_kernel::SettingsGuard;
-use serde_json::json;
 
-use crate::{human_bytes, ratio, Context, Experiment, Plot, Report, Summary, Table};
+use crate::paging::{run_limited_with_swap, run_with_budget, zram_swap};
+use crate::{human_bytes, Context, Experiment, Report, Table};
+
+mod figures;
 
 pub struct DlmVsSwap;
 
@@ -145,16 +131,20 @@ pub(crate) fn swap_bytes(total: usize) -> u64 {
     ((total as u64).div_ceil(1 << 20) + 64) << 20
 }
 
+/// One configuration; the number is the local memory in percent of the arrays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Config {
+pub(crate) enum Config {
     Local,
-    Swap(usize),
+    /// Linux swap on zram under a memory cgroup limit.
+    Zram(usize),
+    /// Linux swap on a disk swap file under the same limit.
+    DiskSwap(usize),
     Dlm(usize),
 }
 
 /// How a run ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Fate {
+pub(crate) enum Fate {
     Finished,
     /// Stopped at the time budget.
     OverBudget,
@@ -164,30 +154,34 @@ enum Fate {
 }
 
 /// One run's outcome.
-struct Run {
-    fate: Fate,
+pub(crate) struct Run {
+    pub fate: Fate,
     /// What the program printed, when it finished.
-    out: Option<ProgramOutput>,
+    pub out: Option<ProgramOutput>,
     /// Process wall time (includes start-up and, for DLM, spawning the servers).
-    wall: f64,
+    pub wall: f64,
     /// Swap runs: major faults of the group during the run.
-    majfaults: Option<u64>,
+    pub majfaults: Option<u64>,
+    /// zram runs: the most RAM zram's compressed pool took during the run.
+    pub zram_peak: Option<u64>,
     /// DLM runs: the tuner's decisions (`pagewise run --decisions`), written when the program
     /// exits.
-    decisions: Vec<serde_json::Value>,
+    pub decisions: Vec<serde_json::Value>,
 }
 
 impl Run {
+    fn new(fate: Fate, out: Option<ProgramOutput>, wall: f64) -> Self {
+        Run { fate, out, wall, majfaults: None, zram_peak: None, decisions: Vec::new() }
+    }
+
     /// DLM runs: the unit the tuner ended at.
-    fn final_unit(&self) -> Option<usize> {
+    pub fn final_unit(&self) -> Option<usize> {
         self.decisions.last()?["new_size"].as_u64().map(|s| s as usize)
     }
-}
 
-impl Run {
     /// The loop time; the budget (a lower bound) when stopped; NaN (left out of medians) when
     /// OOM-killed.
-    fn secs(&self, budget: Duration) -> f64 {
+    pub fn secs(&self, budget: Duration) -> f64 {
         match (&self.out, self.fate) {
             (Some(o), _) => o.loop_secs,
             (None, Fate::OverBudget) => budget.as_secs_f64(),
@@ -229,65 +223,6 @@ impl Drop for Program {
     }
 }
 
-/// How often the waiting loop of [`run_with_budget`] checks on the child and calls its tick.
-const TICK: Duration = Duration::from_millis(10);
-
-/// Spawn `cmd` in its own process group (so a stop reaches what it started, e.g. the servers
-/// and the program under `pagewise run`), killed if this experiment dies; wait up to `budget`,
-/// calling `tick` (if any) every [`TICK`] while the child runs (a failing tick stops the child
-/// and is returned). Returns (stdout, stderr, exit status (None: stopped at the budget), wall
-/// seconds).
-fn run_with_budget(
-    mut cmd: Command,
-    budget: Duration,
-    mut tick: Option<&mut dyn FnMut() -> anyhow::Result<()>>,
-) -> anyhow::Result<(String, String, Option<std::process::ExitStatus>, f64)> {
-    use std::os::unix::process::CommandExt;
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
-    // SAFETY: prctl only, async-signal-safe.
-    unsafe { cmd.pre_exec(|| pagewise_kernel::signal::set_parent_death_signal(libc::SIGKILL)) };
-    let t = Instant::now();
-    let mut child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
-    let pgid = child.id() as i32;
-    let drain = |mut r: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = r.read_to_string(&mut s);
-            s
-        })
-    };
-    let out = drain(Box::new(child.stdout.take().expect("piped")));
-    let err = drain(Box::new(child.stderr.take().expect("piped")));
-    let deadline = t + budget;
-    let mut failed = None;
-    let status = loop {
-        if let Some(st) = child.try_wait()? {
-            break Some(st);
-        }
-        if Instant::now() > deadline {
-            break None;
-        }
-        if let Some(f) = tick.as_mut() {
-            if let Err(e) = f() {
-                failed = Some(e);
-                break None;
-            }
-        }
-        std::thread::sleep(TICK);
-    };
-    let wall = t.elapsed().as_secs_f64();
-    if status.is_none() {
-        // The leader is not reaped yet, so its pid (the group's id) cannot have been reused.
-        let _ = pagewise_kernel::signal::kill_process_group(pgid, libc::SIGKILL);
-        child.wait()?;
-    }
-    let (stdout, stderr) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
-    if let Some(e) = failed {
-        return Err(e.context(format!("while running {cmd:?} (stopped)")));
-    }
-    Ok((stdout, stderr, status, wall))
-}
-
 /// A run that must have succeeded if it finished: its output parsed, or an error with its
 /// stderr.
 fn finished_output(
@@ -301,12 +236,6 @@ fn finished_output(
         Some(st) if st.success() => Ok(Some(parse_output(stdout)?)),
         Some(st) => bail!("{what} failed ({st}):\n{stderr}"),
     }
-}
-
-/// The group's major faults so far (v1 `total_pgmajfault`, v2 `pgmajfault`).
-fn majfaults(cg: &MemCgroup) -> anyhow::Result<u64> {
-    let stat = cg.stat()?;
-    Ok(stat.get("total_pgmajfault").or_else(|| stat.get("pgmajfault")).copied().unwrap_or(0))
 }
 
 /// The decisions in a `pagewise run --decisions` file (none when it was not written).
@@ -344,7 +273,8 @@ struct Setup<'a> {
     budget: Duration,
     local_group: &'a MemCgroup,
     swap_group: &'a MemCgroup,
-    swap: &'a SwapFile,
+    zram: &'a ZramSwap,
+    disk_swap: &'a SwapFile,
     scratch: &'a Path,
     /// Added to the swap group's limit: what the group is charged for beyond the arrays
     /// ([`measure_footprint`]).
@@ -384,7 +314,7 @@ fn anon_and_kernel(cg: &MemCgroup) -> anyhow::Result<(u64, u64)> {
 }
 
 /// Run the program `bin` on an `n`³ grid (arrays of `total` bytes) all local in `group`, a
-/// group of its own, for at least 10 iterations (so that sampling every [`TICK`] sees it after
+/// group of its own, for at least 10 iterations (so that sampling every [`crate::paging::TICK`] sees it after
 /// it touched all its arrays), and measure [`Footprint`].
 fn measure_footprint(
     bin: &Path,
@@ -432,45 +362,30 @@ fn run_one(s: &Setup, c: Config) -> anyhow::Result<Run> {
             let (out, err, status, wall) = run_with_budget(cmd, s.budget, None)?;
             let out = finished_output("the program", status, &out, &err)?;
             let fate = if out.is_some() { Fate::Finished } else { Fate::OverBudget };
-            Ok(Run { fate, out, wall, majfaults: None, decisions: Vec::new() })
+            Ok(Run::new(fate, out, wall))
         }
-        Config::Swap(r) => {
-            s.swap_group.set_limit(Some(local_bytes(s.total, r) as u64 + s.footprint))?;
-            let before = majfaults(s.swap_group)?;
-            let kills_before = s.swap_group.oom_kills()?;
-            s.swap.on()?;
+        Config::Zram(r) | Config::DiskSwap(r) => {
+            let swap: &dyn SwapSpace = if matches!(c, Config::Zram(_)) { s.zram } else { s.disk_swap };
+            let limit = local_bytes(s.total, r) as u64 + s.footprint;
             let mut cmd = Command::new(s.bin);
             cmd.args(&args);
-            s.swap_group.spawn_into(&mut cmd)?;
-            // The kernel's reclaim decides whether to age the active anonymous list on
-            // statistics flushed every 2 s; refreshed every TICK instead, so that it does not
-            // OOM-kill the program with swap free (module doc, MemCgroup::refresh_stats).
-            let mut refresh = || s.swap_group.refresh_stats().context("refreshing the swap group's statistics");
-            let ran = run_with_budget(cmd, s.budget, Some(&mut refresh));
-            // Off at once (the program's swap entries went with it), so nothing else on the
-            // machine pages to it between runs.
-            let off = s.swap.off();
-            let (out, err, status, wall) = ran?;
-            off?;
-            let faults = majfaults(s.swap_group)? - before;
-            let oom_killed = s.swap_group.oom_kills()? > kills_before;
-            if oom_killed && status.is_some_and(|st| !st.success()) {
-                return Ok(Run {
-                    fate: Fate::OomKilled,
-                    out: None,
-                    wall,
-                    majfaults: Some(faults),
-                    decisions: Vec::new(),
-                });
-            }
-            let out = finished_output("the program under the cgroup limit", status, &out, &err)?;
-            let fate = if out.is_some() { Fate::Finished } else { Fate::OverBudget };
-            ensure!(
-                faults > 0,
-                "the program ran at {r}% under a {} limit without a major fault: the limit did not apply",
-                human_bytes(local_bytes(s.total, r) as u64)
-            );
-            Ok(Run { fate, out, wall, majfaults: Some(faults), decisions: Vec::new() })
+            let ran = run_limited_with_swap(cmd, s.swap_group, limit, swap, s.budget)?;
+            let mut run = if ran.oom_killed && ran.status.is_some_and(|st| !st.success()) {
+                Run::new(Fate::OomKilled, None, ran.wall_s)
+            } else {
+                let what = format!("the program under the cgroup limit with {}", swap.describe());
+                let out = finished_output(&what, ran.status, &ran.stdout, &ran.stderr)?;
+                ensure!(
+                    ran.major_faults > 0,
+                    "the program ran at {r}% under a {} limit without a major fault: the limit did not apply",
+                    human_bytes(limit)
+                );
+                let fate = if out.is_some() { Fate::Finished } else { Fate::OverBudget };
+                Run::new(fate, out, ran.wall_s)
+            };
+            run.majfaults = Some(ran.major_faults);
+            run.zram_peak = ran.swap_ram_peak;
+            Ok(run)
         }
         Config::Dlm(r) => {
             let decisions = s.scratch.join(format!("decisions-{r}.json"));
@@ -493,7 +408,9 @@ fn run_one(s: &Setup, c: Config) -> anyhow::Result<Run> {
                 );
             }
             let fate = if out.is_some() { Fate::Finished } else { Fate::OverBudget };
-            Ok(Run { fate, out, wall, majfaults: None, decisions: read_decisions(&decisions) })
+            let mut run = Run::new(fate, out, wall);
+            run.decisions = read_decisions(&decisions);
+            Ok(run)
         }
     }
 }
@@ -517,12 +434,13 @@ impl Experiment for DlmVsSwap {
         let total = n * n * n * 8 * ARRAYS;
         let program = Program::compile()?;
 
-        // The swap file goes next to the results (the repo's disk when run from it) and is
-        // recorded in the guard before the groups, so the groups (and their tasks) are gone
-        // before it is swapped off.
+        // The swap spaces are recorded in the guard before the groups, so the groups (and
+        // their tasks) are gone before they are swapped off. The swap file goes next to the
+        // results (the repo's disk when run from it).
         let guard = SettingsGuard::new();
-        let swap = SwapFile::create(&guard, ctx.out_dir.join("swapfile"), swap_bytes(total))
+        let disk_swap = SwapFile::create(&guard, ctx.out_dir.join("swapfile"), swap_bytes(total))
             .context("creating the swap file (next to the results)")?;
+        let zram = zram_swap(&guard, swap_bytes(total))?;
         let parent = MemCgroup::create(&guard, &format!("dlm-vs-swap-{}", std::process::id()))?;
         let local_group = parent.create_child(&guard, "local")?;
         let swap_group = parent.create_child(&guard, "swap")?;
@@ -535,23 +453,22 @@ impl Experiment for DlmVsSwap {
             budget,
             local_group: &local_group,
             swap_group: &swap_group,
-            swap: &swap,
+            zram: &zram,
+            disk_swap: &disk_swap,
             scratch: &program.dir,
             footprint: 0,
         };
         // What the group charges beyond the arrays, added to the swap group's limit (module doc).
         let footprint = measure_footprint(&program.bin, n, iterations, total, budget, &local_group)
             .context("measuring the program's footprint")?;
-        let overhead = footprint.beyond_arrays();
-        setup.footprint = overhead;
+        setup.footprint = footprint.beyond_arrays();
 
         let mut configs = vec![Config::Local];
         for &r in &ratios {
-            configs.push(Config::Swap(r));
-            configs.push(Config::Dlm(r));
+            configs.extend([Config::Zram(r), Config::DiskSwap(r), Config::Dlm(r)]);
         }
         ctx.start_progress((configs.len() * reps) as u64, "runs");
-        ctx.message(format!("{n}³ grid, {} arrays, swap file {}", human_bytes(total as u64), swap.path().display()));
+        ctx.message(format!("{n}³ grid, {} arrays, {}", human_bytes(total as u64), zram.describe()));
         let mut reference: Option<String> = None;
         let runs = crate::interleave(ctx, &configs, reps, |&c, rep| {
             let run = run_one(&setup, c).with_context(|| format!("{c:?}, repetition {rep}"))?;
@@ -567,160 +484,23 @@ impl Experiment for DlmVsSwap {
             }
             Ok(run)
         })?;
-        let swap_path = swap.path().to_path_buf();
+        let facts = figures::Facts {
+            n,
+            iterations,
+            reps,
+            total,
+            budget,
+            ratios,
+            footprint,
+            zram: zram.describe(),
+            disk_swap_dir: disk_swap.path().parent().map(|p| p.display().to_string()).unwrap_or_default(),
+        };
+        let swap_path = disk_swap.path().to_path_buf();
         if let Some(e) = guard.restore().into_iter().next() {
             bail!("the settings guard could not restore: {e}");
         }
         ensure!(!swap_path.exists(), "the swap file {} was not removed", swap_path.display());
-
-        // Report.
-        let summary = |rs: &[Run]| {
-            let mut s = Summary::of(&rs.iter().map(|r| r.secs(budget)).collect::<Vec<_>>());
-            if s.n == 0 {
-                // No run finished (all OOM-killed): no time, so no ratio (null), never 0 s.
-                s.median = f64::NAN;
-            }
-            s
-        };
-        // '>' some runs hit the budget; "(k OOM)" k runs were OOM-killed and left out.
-        let shown = |rs: &[Run]| {
-            let sum = summary(rs);
-            let ooms = rs.iter().filter(|r| r.fate == Fate::OomKilled).count();
-            let over = rs.iter().any(|r| r.fate == Fate::OverBudget);
-            let base = if sum.n == 0 { "—".to_string() } else { sum.display(3) };
-            format!(
-                "{base}{}{}",
-                if over { " >" } else { "" },
-                if ooms > 0 { format!(" ({ooms} OOM-killed)") } else { String::new() }
-            )
-        };
-        let idx = |c: Config| configs.iter().position(|&x| x == c).expect("configured");
-        let local = summary(&runs[0]);
-        let mut report = Report::default();
-        let oom_total: usize = runs.iter().flatten().filter(|r| r.fate == Fate::OomKilled).count();
-        let mut table = Table::new([
-            "local memory",
-            "all local s",
-            "Linux swap s",
-            "DLM s",
-            "DLM / swap",
-            "DLM / local",
-            "swap / local",
-            "swap major faults",
-            "DLM final unit",
-        ]);
-        let mut plot = Plot::new("BT-like solver, unmodified", "local memory (% of arrays)", "loop time (s)");
-        let (mut swap_pts, mut dlm_pts, mut local_pts) = (Vec::new(), Vec::new(), Vec::new());
-        let mut data = Vec::new();
-        for (i, c) in configs.iter().enumerate() {
-            for (rep, run) in runs[i].iter().enumerate() {
-                let (kind, r) = match c {
-                    Config::Local => ("local", 100),
-                    Config::Swap(r) => ("swap", *r),
-                    Config::Dlm(r) => ("dlm", *r),
-                };
-                data.push(json!({"config": kind, "ratio": r, "local_bytes": local_bytes(total, r), "rep": rep,
-                    "loop_s": run.out.as_ref().map(|o| o.loop_secs), "iterations_s": run.out.as_ref().map(|o| o.iterations.clone()),
-                    "wall_s": run.wall, "fate": format!("{:?}", run.fate), "major_faults": run.majfaults,
-                    "final_unit": run.final_unit()}));
-            }
-        }
-        for &r in &ratios {
-            let (sw, dl) = (&runs[idx(Config::Swap(r))], &runs[idx(Config::Dlm(r))]);
-            let (s, d) = (summary(sw), summary(dl));
-            let faults = Summary::of(&sw.iter().filter_map(|x| x.majfaults.map(|f| f as f64)).collect::<Vec<_>>());
-            let units: Vec<String> =
-                dl.iter().map(|x| x.final_unit().map_or("—".into(), |u| human_bytes(u as u64))).collect();
-            table.row([
-                format!("{r}% ({})", human_bytes(local_bytes(total, r) as u64)),
-                local.display(3),
-                shown(sw),
-                shown(dl),
-                format!("{:.3}", ratio(d.median, s.median)),
-                format!("{:.2}", ratio(d.median, local.median)),
-                format!("{:.2}", ratio(s.median, local.median)),
-                format!("{:.0}", faults.median),
-                units.join(", "),
-            ]);
-            report.figure(&format!("dlm_vs_swap_time_{r}pct"), ratio(d.median, s.median));
-            report.figure(&format!("dlm_vs_local_time_{r}pct"), ratio(d.median, local.median));
-            report.figure(&format!("swap_vs_local_time_{r}pct"), ratio(s.median, local.median));
-            swap_pts.push((r as f64, s.median));
-            dlm_pts.push((r as f64, d.median));
-            local_pts.push((r as f64, local.median));
-        }
-        let smallest = *ratios.iter().min().expect("ratios");
-        let (sw, dl) = (&runs[idx(Config::Swap(smallest))], &runs[idx(Config::Dlm(smallest))]);
-        let (s, d) = (summary(sw).median, summary(dl).median);
-        let mut summary_first = serde_json::Map::new();
-        summary_first.insert("dlm_vs_swap_time".into(), ratio(d, s).into());
-        summary_first.insert("dlm_vs_local_time".into(), ratio(d, local.median).into());
-        summary_first.append(&mut report.summary);
-        report.summary = summary_first;
-        report.figure("local_s", local.median);
-        report.figure("arrays_bytes", total as u64);
-        report.figure("program_overhead_bytes", overhead);
-        report.figure("program_anon_beyond_arrays_bytes", footprint.anon_beyond_arrays);
-        report.figure("program_kernel_bytes", footprint.kernel);
-        report.figure("program_peak_usage_beyond_arrays_bytes", footprint.peak_usage_beyond_arrays);
-        report.figure("swap_stats_refresh_ms", TICK.as_millis() as u64);
-        report.figure("swap_runs_oom_killed", oom_total as u64);
-        report.figure("grid_n", n as u64);
-        report.figure("iterations", iterations as u64);
-        report.table(
-            format!(
-                "Loop time, median [min–max] of {reps} interleaved runs ({n}³ grid, {ARRAYS} malloc'd arrays = {}, {iterations} iterations; DLM: 2 local servers, auto from 128 KiB)",
-                human_bytes(total as u64)
-            ),
-            table,
-        );
-        // Per iteration at the smallest ratio: where each configuration spends its time.
-        let mut per_it = Table::new(["iteration", "all local s", "Linux swap s", "DLM s"]);
-        let median_it = |rs: &[Run], k: usize| {
-            let v: Vec<f64> = rs.iter().filter_map(|r| r.out.as_ref()?.iterations.get(k).copied()).collect();
-            if v.is_empty() {
-                "—".to_string()
-            } else {
-                format!("{:.3}", Summary::of(&v).median)
-            }
-        };
-        for k in 0..iterations {
-            per_it.row([k.to_string(), median_it(&runs[0], k), median_it(sw, k), median_it(dl, k)]);
-        }
-        report.table(format!("Per-iteration time at {smallest}% local memory (median of {reps})"), per_it);
-        if let Some(first) = dl.iter().find(|r| !r.decisions.is_empty()) {
-            report.table(
-                format!("DLM tuner windows at {smallest}% local memory (first run that finished)"),
-                decisions_table(&first.decisions),
-            );
-        }
-        plot.series("Linux swap (cgroup limit)", swap_pts);
-        plot.series("DLM (pagewise run, auto)", dlm_pts);
-        plot.series("all local", local_pts);
-        report.plots.push(plot);
-        report.data = json!(data);
-        report.note(format!(
-            "`dlm_vs_swap_time` = DLM / Linux swap at {smallest}% local memory (below 1: DLM faster). The swap limit is \
-             memory.limit_in_bytes = DLM's --local-mem plus what the group is charged for beyond the arrays, measured in \
-             an all-local run first: {} = {} of other anonymous memory (stack, libc) + {} of kernel memory (page tables); \
-             the group's peak usage was {} beyond the arrays, the rest being the kernel's per-CPU charge batches, not \
-             added. So the arrays get the same memory in both. The swap group's memory.stat is read every {} ms during \
-             a swap run: that flushes the kernel's per-CPU statistics, which reclaim otherwise sees up to 2 s old and \
-             which decide whether it ages the active anonymous list; with them stale, the group's reclaim found an \
-             empty inactive list, freed nothing in 18 rounds in a row and OOM-killed the program with swap free (module \
-             doc). Swappiness and page-cluster are the kernel's defaults. The swap file lives on the results' \
-             filesystem ({}); '>' marks runs stopped at the {} s budget (counted as the budget); 'OOM-killed' runs were \
-             killed by the swap group's OOM killer all the same and are left out of the median (no finished run: no \
-             ratio). Every finished run printed the same checksum.",
-            human_bytes(overhead),
-            human_bytes(footprint.anon_beyond_arrays),
-            human_bytes(footprint.kernel),
-            human_bytes(footprint.peak_usage_beyond_arrays),
-            TICK.as_millis(),
-            swap_path.parent().map(|p| p.display().to_string()).unwrap_or_default(),
-            budget.as_secs()
-        ));
-        Ok(report)
+        Ok(figures::report(&facts, &configs, &runs))
     }
 }
 
@@ -762,27 +542,6 @@ mod tests {
         assert!(s >= total as u64 + (64 << 20) && s.is_multiple_of(1 << 20));
     }
 
-    /// The budget loop calls its tick while the child runs, and a failing tick stops the child
-    /// and is the error.
-    #[test]
-    fn the_tick_runs_while_the_child_runs_and_its_error_stops_it() {
-        let mut ticks = 0;
-        let mut count = || -> anyhow::Result<()> {
-            ticks += 1;
-            Ok(())
-        };
-        let mut cmd = Command::new("sleep");
-        cmd.arg("0.2");
-        let (_, _, status, _) = run_with_budget(cmd, Duration::from_secs(60), Some(&mut count)).unwrap();
-        assert!(status.unwrap().success());
-        assert!(ticks >= 1, "ticked {ticks} times");
-        let mut fail = || -> anyhow::Result<()> { bail!("tick failed on purpose") };
-        let mut cmd = Command::new("sleep");
-        cmd.arg("600");
-        let e = run_with_budget(cmd, Duration::from_secs(600), Some(&mut fail)).unwrap_err();
-        assert!(format!("{e:#}").contains("tick failed on purpose"), "{e:#}");
-    }
-
     /// The footprint of the program beyond its arrays is measured from its group: its arrays
     /// were seen resident, the rest is small and non-zero (a stack and page tables at least),
     /// and the group's peak usage holds it all.
@@ -801,6 +560,50 @@ mod tests {
         assert!(f.anon_beyond_arrays > 0 && f.kernel > 0, "{f:?}");
         assert!(f.beyond_arrays() < 8 << 20, "{f:?}");
         assert!(f.peak_usage_beyond_arrays >= f.beyond_arrays(), "{f:?}");
+    }
+
+    /// The zram baseline end to end: the program under a memory cgroup limit far below its
+    /// arrays, with zram swap on for the run, gives the all-local checksum; its pages went
+    /// through the device (major faults, the pool's peak); the swap is off after the run and
+    /// the guard resets the device.
+    #[test]
+    fn the_program_under_a_limit_with_zram_swap_gives_the_local_checksum() {
+        use crate::paging::{run_limited_with_swap, zram_swap, ZRAM_DEVICE};
+        // SAFETY: no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return pagewise_kernel::testing::skip("zram setup and swapon(2) need root");
+        }
+        if !Path::new("/sys/block").join(ZRAM_DEVICE).exists() {
+            return pagewise_kernel::testing::skip(
+                "no /sys/block/zram0: kernel without zram, or the module is not loaded",
+            );
+        }
+        if pagewise_kernel::cgroup::v1_memory_root().is_none() && pagewise_kernel::cgroup::v2_memory_root().is_none() {
+            return pagewise_kernel::testing::skip("no memory cgroup controller");
+        }
+        let p = Program::compile().unwrap();
+        let (n, iterations) = (48, 3);
+        let total = n * n * n * 8 * ARRAYS;
+        let args = [n.to_string(), iterations.to_string()];
+        let local = Command::new(&p.bin).args(&args).output().unwrap();
+        assert!(local.status.success());
+        let local = parse_output(&String::from_utf8_lossy(&local.stdout)).unwrap();
+        {
+            let guard = SettingsGuard::new_without_signal_handler();
+            let zram = zram_swap(&guard, swap_bytes(total)).unwrap();
+            let g = MemCgroup::create(&guard, &format!("dlm-vs-swap-zram-test-{}", std::process::id())).unwrap();
+            let mut cmd = Command::new(&p.bin);
+            cmd.args(&args);
+            let limit = (total / 4) as u64 + (2 << 20);
+            let run = run_limited_with_swap(cmd, &g, limit, &zram, Duration::from_secs(120)).unwrap();
+            assert!(run.succeeded() && !run.oom_killed, "{run:?}");
+            assert_eq!(parse_output(&run.stdout).unwrap().checksum, local.checksum, "the same result as all local");
+            assert!(run.major_faults > 0, "pages came back from swap: {run:?}");
+            assert!(run.swap_ram_peak.is_some_and(|b| b > 0), "the pool held them: {run:?}");
+            assert!(!zram.is_on().unwrap(), "swap is off after the run");
+        }
+        let initstate = std::fs::read_to_string(Path::new("/sys/block").join(ZRAM_DEVICE).join("initstate")).unwrap();
+        assert_eq!(initstate.trim(), "0", "the guard reset the device");
     }
 
     /// The embedded program compiles, runs, and gives the same checksum at every run (its
