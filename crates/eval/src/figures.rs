@@ -242,7 +242,7 @@ pub fn document(results: &Results, names: &[&str], exists: impl Fn(&str) -> bool
     );
     md.push_str("## Headlines\n\n");
     md.push_str(
-        "| system | figure | goal | quick run | | full run | | reproduce |\n|---|---|---|---|---|---|---|---|\n",
+        "| system | figure | goal | quick run | met? | full run | met? | reproduce |\n|---|---|---|---|---|---|---|---|\n",
     );
     for hl in HEADLINES {
         let exists_now = exists(hl.experiment);
