@@ -454,7 +454,7 @@ impl Experiment for SparkHugepages {
     }
 
     fn description(&self) -> &'static str {
-        "Spark Storage Memory on hugepages: off / entire JVM THP / part (hp_alloc agent) / part-old (madvise + khugepaged), micro + MLlib k-means, standalone cluster 2 workers x 2 executors"
+        "Spark Storage Memory on hugepages: off / entire JVM THP / part (hp_alloc agent) / part-old (madvise + khugepaged), micro (+ MLlib k-means in full mode), standalone cluster 2 workers x 2 executors, 3 interleaved repetitions"
     }
 
     fn run(&self, ctx: &mut Context) -> anyhow::Result<Report> {

@@ -37,13 +37,18 @@ pub(super) struct Facts {
 /// speak of (its time is the off-heap effect alone).
 const PART_OLD_FEW_HUGEPAGES: f64 = 0.5;
 
+/// Below this gain over off (a share of off's time), part gained nothing to explain: a share
+/// of a gain within the noise is noise (a quick run on a loaded machine gave part 0.999× off
+/// and part-old 0.77×: a "share" of 220).
+const LEAST_GAIN: f64 = 0.05;
+
 /// The share of part's gain over off that the off-heap effect explains: (off − part-old) /
 /// (off − part), from the three configurations' times of one phase. None when part gained
-/// nothing (no gain to explain). Not clamped: above 1 part-old was faster than part, below 0
-/// it was slower than off.
+/// less than [`LEAST_GAIN`] of off's time (no gain to explain). Not clamped: above 1 part-old
+/// was faster than part, below 0 it was slower than off.
 pub(crate) fn off_heap_share(off: f64, part: f64, part_old: f64) -> Option<f64> {
     let gain = off - part;
-    (gain > 0.0 && gain.is_finite() && part_old.is_finite()).then(|| (off - part_old) / gain)
+    (gain > LEAST_GAIN * off && gain.is_finite() && part_old.is_finite()).then(|| (off - part_old) / gain)
 }
 
 /// Whether a ratio part / off is mostly the off-heap effect: part-old had few hugepages and
@@ -183,7 +188,7 @@ pub(super) fn report(facts: &Facts, configs: &[Config], apps: &[Vec<App>]) -> an
                     let reading = if old_huge >= PART_OLD_FEW_HUGEPAGES {
                         "not separable: part-old got hugepages too"
                     } else if share.is_none() {
-                        "no gain over off"
+                        "part no faster than off (within 5%): no gain to split"
                     } else if mostly_off_heap(share, old_huge) {
                         "mostly the off-heap effect, not hugepages"
                     } else {
@@ -363,9 +368,10 @@ mod tests {
         // part-old no faster than off: all of it is hugepages.
         assert_eq!(off_heap_share(10.0, 5.0, 10.0), Some(0.0));
         assert!(!mostly_off_heap(Some(0.0), 0.03));
-        // No gain: nothing to split.
+        // No gain, or one within 5% of off's time: nothing to split.
         assert_eq!(off_heap_share(10.0, 10.0, 8.0), None);
         assert_eq!(off_heap_share(10.0, 12.0, 8.0), None);
+        assert_eq!(off_heap_share(51.62, 51.57, 39.36), None);
         // part-old with hugepages of its own: never called mostly off-heap.
         assert!(!mostly_off_heap(Some(0.9), 0.8));
     }
