@@ -64,8 +64,8 @@ pub struct Args {
     figures: Option<PathBuf>,
     /// With `report`: also write the same as one self-contained HTML page with the plots inline
     /// (default FILE: DIR/report.html).
-    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "")]
-    html: Option<PathBuf>,
+    #[arg(long, value_name = "FILE", num_args = 0..=1)]
+    html: Option<Option<PathBuf>>,
     /// Small sizes that finish in minutes on 2 cores (the default).
     #[arg(long, conflicts_with = "full")]
     quick: bool,
@@ -97,7 +97,7 @@ fn report(args: &Args) -> anyhow::Result<ExitCode> {
         None => {}
     }
     if let Some(path) = &args.html {
-        let path = if path.as_os_str().is_empty() { args.out.join("report.html") } else { path.clone() };
+        let path = path.clone().unwrap_or_else(|| args.out.join("report.html"));
         write(&path, &doc.html())?;
         println!("{}: figures from {} rendered with their plots", path.display(), args.out.display());
     }
