@@ -34,9 +34,10 @@ build: deps
 eval: build ycsb
 	$(PAGEWISE) eval all $(EVAL_FLAGS)
 
-# The README's Figures section, rendered from results/*/result.json (written by `make eval`).
+# docs/FIGURES.md and results/report.html (plots inline), rendered from results/*/result.json
+# (`make eval` writes quick results to results/NAME/; full runs go to results/NAME-full/).
 report: build
-	$(PAGEWISE) eval report --readme README.md
+	$(PAGEWISE) eval report --figures docs/FIGURES.md --html
 
 # Every test binary runs (--no-fail-fast), then the install test (dist/test-install.sh, counted
 # as one test). A test that finds a kernel feature missing calls

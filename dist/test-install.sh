@@ -54,7 +54,7 @@ out=$(LD_LIBRARY_PATH=$prefix/lib "$work/t") || fail "running t (exit $?)"
 grep -q "$prefix/lib/libpagewise.so" <<<"$(LD_LIBRARY_PATH=$prefix/lib ldd "$work/t")" \
     || fail "t is not linked to the installed libpagewise.so"
 
-step "the README's C examples built with pkg-config, the HPS one run"
+step "the docs' C examples built with pkg-config, the HPS one run"
 # shellcheck disable=SC2086
 cc -O2 "$src/examples/c/hps_example.c" $flags -o "$work/hps_example" || fail "cc hps_example.c"
 if out=$(LD_LIBRARY_PATH=$prefix/lib "$work/hps_example" 2>&1); then
@@ -67,11 +67,11 @@ else
     echo "skipped: $reason"
     [ -z "${PAGEWISE_SKIP_LOG:-}" ] || echo "test-install.sh::hps_example: $reason" >>"$PAGEWISE_SKIP_LOG"
 fi
-# The README's DLM example (compiled only: running it needs two memory servers).
-awk '/^cat > dlm_demo.c <<.C.$/ { on = 1; next } /^C$/ { on = 0 } on' "$src/README.md" >"$work/dlm_demo.c"
-grep -q dlm_init "$work/dlm_demo.c" || fail "no dlm_demo.c in README.md"
+# The DLM guide's example (compiled only: running it needs two memory servers).
+awk '/^cat > dlm_demo.c <<.C.$/ { on = 1; next } /^C$/ { on = 0 } on' "$src/docs/dlm.md" >"$work/dlm_demo.c"
+grep -q dlm_init "$work/dlm_demo.c" || fail "no dlm_demo.c in docs/dlm.md"
 # shellcheck disable=SC2086
-cc -O2 "$work/dlm_demo.c" $flags -o "$work/dlm_demo" || fail "cc dlm_demo.c (README) \$(pkg-config --cflags --libs pagewise)"
+cc -O2 "$work/dlm_demo.c" $flags -o "$work/dlm_demo" || fail "cc dlm_demo.c (docs/dlm.md) \$(pkg-config --cflags --libs pagewise)"
 static_flags=$(pkg-config --cflags --libs --static pagewise)
 # shellcheck disable=SC2086 # static: the archive, then what it needs (Libs.private)
 cc -O2 "$src/examples/c/hps_example.c" $(pkg-config --cflags pagewise) "$prefix/lib/libpagewise.a" \

@@ -1,5 +1,5 @@
 /* Pagewise per-core reclaim (seed 002): thresholds and application habits.
- * The reclaim itself runs in `pagewise reclaimd`; see README "Reclaim control".
+ * The reclaim itself runs in `pagewise reclaimd`; see docs/reclaim.md.
  * Return 0 on success, a negative errno on failure.
  */
 #ifndef PAGEWISE_RECLAIM_H

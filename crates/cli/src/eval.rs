@@ -28,8 +28,8 @@ pub const FEATURES: &[Feature] = &[
     Feature { name: "pagewise eval dlm-fault", needs: &[Capability::Userfaultfd] },
     Feature { name: "pagewise eval dlm-pagesize", needs: &[Capability::Userfaultfd] },
     Feature { name: "pagewise eval dlm-autotune", needs: &[Capability::Userfaultfd] },
-    // Makes its own swap file (swapon(2), root): needs no swap configured, only the memory
-    // cgroup its swap runs are limited in.
+    // Makes its own swap file and sets up /dev/zram0 as swap (swapon(2), root): needs no swap
+    // configured, only the memory cgroup its swap runs are limited in.
     Feature { name: "pagewise eval dlm-vs-swap", needs: &[Capability::Userfaultfd, Capability::CgroupV1Memory] },
     // zram swap and its own swap file (swapon(2), root), in a memory cgroup.
     Feature { name: "pagewise eval dlm-programs", needs: &[Capability::Userfaultfd, Capability::CgroupV1Memory] },
@@ -52,27 +52,34 @@ pub const FEATURES: &[Feature] = &[
 ];
 
 /// Run experiments comparing Pagewise with the baselines its papers used, side by side in one
-/// run. Results go to DIR/NAME/: result.json (with a `summary` of named figures), table.md and
-/// plot.svg; the table is printed.
+/// run. Results go to DIR/NAME/ (quick mode) or DIR/NAME-full/ (full mode): result.json (with a
+/// `summary` of named figures), table.md and plot.svg; the table is printed.
 #[derive(clap::Args)]
-#[command(
-    after_help = "Examples:\n  pagewise eval list\n  pagewise eval thp-baseline --quick\n  pagewise eval all --quick --out /tmp/results\n  pagewise eval report --readme README.md   # render results/*/result.json into the README"
-)]
+#[command(after_help = "Examples:
+  pagewise eval list
+  pagewise eval thp-baseline --quick
+  pagewise eval all --quick --out /tmp/results
+  pagewise eval report                                 # the figures document on stdout
+  pagewise eval report --figures docs/FIGURES.md --html   # and results/report.html, plots inline")]
 pub struct Args {
     /// An experiment name, `list` to show them, `all` to run every one, or `report` to render
-    /// the results already written (DIR/*/result.json) as Markdown.
+    /// the results already written (DIR/NAME/ and DIR/NAME-full/) as the figures document:
+    /// the headlines with their goals first, then every experiment.
     name: String,
-    /// With `report`: replace the generated part of this README (between its
-    /// `pagewise eval report` markers) instead of printing.
+    /// With `report`: write the Markdown to FILE (docs/FIGURES.md) instead of printing it.
     #[arg(long, value_name = "FILE")]
-    readme: Option<PathBuf>,
+    figures: Option<PathBuf>,
+    /// With `report`: also write the same as one self-contained HTML page with the plots inline
+    /// (default FILE: DIR/report.html).
+    #[arg(long, value_name = "FILE", num_args = 0..=1)]
+    html: Option<Option<PathBuf>>,
     /// Small sizes that finish in minutes on 2 cores (the default).
     #[arg(long, conflicts_with = "full")]
     quick: bool,
     /// The paper's sizes where this machine allows.
     #[arg(long)]
     full: bool,
-    /// Where to write results.
+    /// Where to write results (and, with `report`, where to read them).
     #[arg(long, value_name = "DIR", default_value = "results")]
     out: PathBuf,
     /// No progress bar.
@@ -80,24 +87,35 @@ pub struct Args {
     quiet: bool,
 }
 
+fn write(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
 fn report(args: &Args) -> anyhow::Result<ExitCode> {
     let names: Vec<&str> = experiments().iter().map(|e| e.name()).collect();
-    let section = pagewise_eval::readme::render_dir(&args.out, &names)?;
-    match &args.readme {
+    let results = pagewise_eval::figures::Results::load(&args.out, &names)?;
+    let doc = pagewise_eval::figures::document(&results, &names, |n| find(n).is_some());
+    match &args.figures {
         Some(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            let spliced =
-                pagewise_eval::readme::splice(&text, &section).with_context(|| format!("in {}", path.display()))?;
-            std::fs::write(path, spliced).with_context(|| format!("writing {}", path.display()))?;
+            write(path, &doc.markdown())?;
             println!("{}: figures from {} rendered", path.display(), args.out.display());
         }
-        None => print!("{section}"),
+        None if args.html.is_none() => print!("{}", doc.markdown()),
+        None => {}
+    }
+    if let Some(path) = &args.html {
+        let path = path.clone().unwrap_or_else(|| args.out.join("report.html"));
+        write(&path, &doc.html())?;
+        println!("{}: figures from {} rendered with their plots", path.display(), args.out.display());
     }
     Ok(ExitCode::SUCCESS)
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mode = if args.full { Mode::Full } else { Mode::Quick };
+    if args.name != "report" && (args.figures.is_some() || args.html.is_some()) {
+        anyhow::bail!("--figures and --html go with `pagewise eval report`");
+    }
     let selected = match args.name.as_str() {
         "list" => {
             for e in experiments() {
@@ -120,7 +138,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         match run_experiment(exp, mode, &args.out, args.quiet) {
             Ok(markdown) => {
                 println!("{markdown}");
-                println!("(results in {})\n", args.out.join(exp.name()).display());
+                println!(
+                    "(results in {})\n",
+                    pagewise_eval::harness::result_dir(&args.out, exp.name(), mode).display()
+                );
             }
             Err(e) => {
                 eprintln!("pagewise: {e:#}");

@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::report::{write_svg, Report};
 
 /// How big a run is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     /// Minutes on 2 cores; what `make eval` runs.
@@ -141,10 +141,20 @@ fn source_commit() -> Option<String> {
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// Run one experiment and write `out_root/NAME/{result.json, table.md, plot.svg}`.
-/// Returns the Markdown it printed.
+/// Where the results of experiment `name` in `mode` go: `out_root/NAME` for quick mode,
+/// `out_root/NAME-full` for full mode, so that `make eval` (quick) never overwrites the
+/// results of a full run and both can be shown side by side.
+pub fn result_dir(out_root: &Path, name: &str, mode: Mode) -> PathBuf {
+    match mode {
+        Mode::Quick => out_root.join(name),
+        Mode::Full => out_root.join(format!("{name}-full")),
+    }
+}
+
+/// Run one experiment and write `result_dir(out_root, NAME, mode)/{result.json, table.md,
+/// plot.svg}`. Returns the Markdown it printed.
 pub fn run_experiment(exp: &dyn Experiment, mode: Mode, out_root: &Path, quiet: bool) -> anyhow::Result<String> {
-    let out_dir = out_root.join(exp.name());
+    let out_dir = result_dir(out_root, exp.name(), mode);
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let progress = if quiet { ProgressBar::hidden() } else { ProgressBar::new(0) };
     progress.set_style(
@@ -173,7 +183,7 @@ pub fn run_experiment(exp: &dyn Experiment, mode: Mode, out_root: &Path, quiet: 
         "description": exp.description(),
         "mode": mode,
         "duration_s": elapsed.as_secs_f64(),
-        "finished_at": crate::readme::utc_text(
+        "finished_at": crate::figures::utc_text(
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
         ),
         "machine": machine_facts(),

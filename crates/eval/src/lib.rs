@@ -3,14 +3,17 @@
 //! Each experiment compares a Pagewise system with the baselines its paper used, every
 //! configuration in the same run with repetitions interleaved, and reports ratios between
 //! configurations measured in that run. `pagewise eval NAME [--quick|--full]` runs one;
-//! results go to `results/NAME/` (`result.json` with a `summary` of named figures,
-//! `table.md`, `plot.svg`).
+//! results go to `results/NAME/` in quick mode and `results/NAME-full/` in full mode
+//! (`result.json` with a `summary` of named figures, `table.md`, `plot.svg`);
+//! `pagewise eval report` renders them into `docs/FIGURES.md` ([`figures`]), headlines
+//! ([`headlines`]) first.
 
 pub mod experiments;
+pub mod figures;
 pub mod harness;
+pub mod headlines;
 pub mod paging;
 pub mod programs;
-pub mod readme;
 pub mod report;
 pub mod sample;
 pub mod stats;

@@ -159,6 +159,17 @@ impl Censored {
         (value, censored)
     }
 
+    /// How a figure that may be a bound reads in a table cell: `≥ `, `≤ `, `? ` (a bound of
+    /// nothing) or nothing, put before the value.
+    pub fn mark(c: Option<Censored>) -> &'static str {
+        match c {
+            None => "",
+            Some(Censored::LowerBound) => "≥ ",
+            Some(Censored::UpperBound) => "≤ ",
+            Some(Censored::Unknown) => "? ",
+        }
+    }
+
     /// The summary's spelling: `lower_bound`, `upper_bound`, `unknown`.
     pub fn as_str(self) -> &'static str {
         match self {

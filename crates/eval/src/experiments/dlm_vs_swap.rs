@@ -421,7 +421,7 @@ impl Experiment for DlmVsSwap {
     }
 
     fn description(&self) -> &'static str {
-        "an unmodified C program (the BT-like solver) under `pagewise run --page-size auto` vs Linux's own paging (memory cgroup limit + swap file) at the same local memory, and vs all memory local (issue 9)"
+        "an unmodified C program (the BT-like solver) under `pagewise run --page-size auto` vs Linux's own paging at the same local memory (a memory cgroup limit with swap on zram, the like-for-like baseline, and with a disk swap file), and vs all memory local (issues 9, 23)"
     }
 
     fn run(&self, ctx: &mut Context) -> anyhow::Result<Report> {

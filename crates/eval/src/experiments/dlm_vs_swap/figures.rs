@@ -65,12 +65,7 @@ fn figure_with_spread(report: &mut Report, key: &str, c: &Compared) {
 
 /// A ratio cell: the ratio of medians, '≥'/'≤' when it is a bound, and the paired extremes.
 fn ratio_cell(c: &Compared) -> String {
-    let bound = match c.censored {
-        Some(Censored::LowerBound) => "≥ ",
-        Some(Censored::UpperBound) => "≤ ",
-        Some(Censored::Unknown) => "? ",
-        None => "",
-    };
+    let bound = Censored::mark(c.censored);
     if c.paired.n > 1 {
         format!("{bound}{:.3} [{:.3}–{:.3}]", c.median_ratio, c.paired.min, c.paired.max)
     } else {
