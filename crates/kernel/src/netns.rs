@@ -361,6 +361,51 @@ pub fn current_netns_id() -> Result<u64> {
     std::fs::metadata(&path).map(|m| m.ino()).map_err(|source| Error::Read { path, source })
 }
 
+/// An IPv4 address of an interface.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InterfaceAddress {
+    pub interface: String,
+    pub address: std::net::Ipv4Addr,
+    /// The network's prefix length (24 for a /24).
+    pub prefix_len: u8,
+}
+
+/// The IPv4 addresses of the calling thread's network namespace (getifaddrs(3)).
+pub fn ipv4_addresses() -> Result<Vec<InterfaceAddress>> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head to `list`, freed below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return Err(Error::last_os("getifaddrs"));
+    }
+    let mut out = Vec::new();
+    let mut cur = list;
+    while !cur.is_null() {
+        // SAFETY: cur is a node of the list getifaddrs returned, alive until freeifaddrs.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_netmask.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_addr points to a sockaddr whose family says how to read the rest.
+        if i32::from(unsafe { (*ifa.ifa_addr).sa_family }) != libc::AF_INET {
+            continue;
+        }
+        // SAFETY: AF_INET: both are sockaddr_in.
+        let (addr, mask) =
+            unsafe { (*(ifa.ifa_addr as *const libc::sockaddr_in), *(ifa.ifa_netmask as *const libc::sockaddr_in)) };
+        // SAFETY: ifa_name is a NUL-terminated interface name.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
+        out.push(InterfaceAddress {
+            interface: name,
+            address: std::net::Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr)),
+            prefix_len: u32::from_be(mask.sin_addr.s_addr).count_ones() as u8,
+        });
+    }
+    // SAFETY: list came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(list) };
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -386,6 +431,12 @@ mod tests {
             max_queue_delay: Duration::from_millis(2),
         };
         assert_eq!(b.tc_args(), ["tbf", "rate", "20000000000bit", "burst", "65536", "latency", "2000us"]);
+    }
+
+    #[test]
+    fn loopback_has_its_ipv4_address() {
+        let all = ipv4_addresses().unwrap();
+        assert!(all.iter().any(|a| a.interface == "lo" && a.address.is_loopback() && a.prefix_len == 8), "{all:?}");
     }
 
     #[test]
