@@ -211,6 +211,7 @@ fn down(name: &str) -> Result<ExitCode> {
             errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")
         );
     }
+    let _ = std::fs::remove_file(std::path::Path::new(pagewise_kernel::testbed::STATE_DIR).join(format!("{name}.log")));
     println!("testbed {name} is down");
     Ok(ExitCode::SUCCESS)
 }

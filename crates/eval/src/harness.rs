@@ -37,6 +37,11 @@ pub trait Experiment: Sync {
     fn description(&self) -> &'static str;
     /// Run it; every configuration side by side in this one run.
     fn run(&self, ctx: &mut Context) -> anyhow::Result<Report>;
+    /// Whether it runs its memory servers on other hosts of a testbed under `--net PROFILE`
+    /// (`Context::net`, crate::net::ServerHosts).
+    fn runs_across_hosts(&self) -> bool {
+        false
+    }
 }
 
 /// What an experiment gets from the harness.
@@ -44,6 +49,8 @@ pub struct Context {
     pub mode: Mode,
     /// The experiment's results directory (already created).
     pub out_dir: PathBuf,
+    /// `--net PROFILE`: the memory servers go on testbed hosts behind links of this profile.
+    pub net: Option<&'static pagewise_kernel::testbed::NetProfile>,
     progress: ProgressBar,
 }
 
@@ -144,7 +151,25 @@ fn source_commit() -> Option<String> {
 /// Run one experiment and write `out_root/NAME/{result.json, table.md, plot.svg}`.
 /// Returns the Markdown it printed.
 pub fn run_experiment(exp: &dyn Experiment, mode: Mode, out_root: &Path, quiet: bool) -> anyhow::Result<String> {
-    let out_dir = out_root.join(exp.name());
+    run_experiment_on(exp, mode, None, out_root, quiet)
+}
+
+/// [`run_experiment`], with the memory servers on testbed hosts behind links of `net`: the
+/// results go to `out_root/NAME/net-PROFILE/`, keyed by profile.
+pub fn run_experiment_on(
+    exp: &dyn Experiment,
+    mode: Mode,
+    net: Option<&'static pagewise_kernel::testbed::NetProfile>,
+    out_root: &Path,
+    quiet: bool,
+) -> anyhow::Result<String> {
+    if net.is_some() && !exp.runs_across_hosts() {
+        anyhow::bail!("{} does not run across the testbed (--net)", exp.name());
+    }
+    let out_dir = match net {
+        None => out_root.join(exp.name()),
+        Some(p) => out_root.join(exp.name()).join(format!("net-{}", p.name)),
+    };
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let progress = if quiet { ProgressBar::hidden() } else { ProgressBar::new(0) };
     progress.set_style(
@@ -154,15 +179,16 @@ pub fn run_experiment(exp: &dyn Experiment, mode: Mode, out_root: &Path, quiet: 
     );
     progress.set_prefix(exp.name());
     progress.enable_steady_tick(Duration::from_millis(250));
-    let mut ctx = Context { mode, out_dir: out_dir.clone(), progress };
+    let mut ctx = Context { mode, out_dir: out_dir.clone(), net, progress };
     let started = Instant::now();
     let report = exp.run(&mut ctx).with_context(|| format!("experiment {} failed", exp.name()))?;
     ctx.progress.finish_and_clear();
     let elapsed = started.elapsed();
 
     let header = format!(
-        "{} — mode {:?}, {:.1} s on {}",
+        "{}{} — mode {:?}, {:.1} s on {}",
         exp.description(),
+        net.map(|p| format!(", network profile {}", p.name)).unwrap_or_default(),
         mode,
         elapsed.as_secs_f64(),
         pagewise_kernel::probe::probe().kernel_release
@@ -172,6 +198,7 @@ pub fn run_experiment(exp: &dyn Experiment, mode: Mode, out_root: &Path, quiet: 
         "name": exp.name(),
         "description": exp.description(),
         "mode": mode,
+        "net": net,
         "duration_s": elapsed.as_secs_f64(),
         "finished_at": crate::readme::utc_text(
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
@@ -254,7 +281,7 @@ mod tests {
     #[test]
     fn interleaves_configurations() {
         let dir = std::env::temp_dir();
-        let ctx = Context { mode: Mode::Quick, out_dir: dir, progress: ProgressBar::hidden() };
+        let ctx = Context { mode: Mode::Quick, out_dir: dir, net: None, progress: ProgressBar::hidden() };
         let mut order = Vec::new();
         let out = interleave(&ctx, &['a', 'b'], 3, |c, rep| {
             order.push((*c, rep));

@@ -8,12 +8,13 @@
 
 pub mod experiments;
 pub mod harness;
+pub mod net;
 pub mod readme;
 pub mod report;
 pub mod sample;
 pub mod stats;
 
-pub use harness::{interleave, run_experiment, Context, Experiment, Mode};
+pub use harness::{interleave, run_experiment, run_experiment_on, Context, Experiment, Mode};
 pub use report::{Plot, Report, Table};
 pub use stats::{ratio, Latency, Summary};
 

@@ -19,12 +19,13 @@ pub const END: &str = "<!-- pagewise eval report: end -->";
 pub fn render_result(result: &Value) -> String {
     let name = result["name"].as_str().unwrap_or("?");
     let mode = result["mode"].as_str().unwrap_or("?").to_lowercase();
-    let mut out = format!("### `{name}`\n\n");
+    let net = result["net"]["name"].as_str().map(|p| format!(" --net {p}")).unwrap_or_default();
+    let mut out = format!("### `{name}`{}\n\n", net.replace(" --net ", ", network profile "));
     let when = result["finished_at"].as_str().unwrap_or("unknown time");
     let commit = result["machine"]["commit"].as_str().unwrap_or("unknown commit");
     let kernel = result["machine"]["kernel"].as_str().unwrap_or("?");
     out.push_str(&format!(
-        "`pagewise eval {name} --{mode}`, finished {when} with commit {commit} checked out, Linux {kernel}, {:.0} s.\n\n",
+        "`pagewise eval {name} --{mode}{net}`, finished {when} with commit {commit} checked out, Linux {kernel}, {:.0} s.\n\n",
         result["duration_s"].as_f64().unwrap_or(0.0)
     ));
     if let Some(summary) = result["summary"].as_object().filter(|s| !s.is_empty()) {
