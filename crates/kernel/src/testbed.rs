@@ -52,6 +52,11 @@ pub struct NetProfile {
 /// The profiles, slowest first.
 pub const PROFILES: &[NetProfile] = &[
     NetProfile {
+        name: "10gbe",
+        rate_bytes_per_s: Some(1_250_000_000),
+        source: "10 Gigabit Ethernet, IEEE Std 802.3ae-2002: 10 Gbit/s MAC data rate = 1.25 GB/s each way",
+    },
+    NetProfile {
         name: "myrinet-10g-x2",
         rate_bytes_per_s: Some(2_500_000_000),
         source: "the seed's cluster nodes: two Myri-10G ports (10 Gbit/s data rate each, Myricom Myri-10G) = \
