@@ -16,6 +16,8 @@ APT_PACKAGES := build-essential pkg-config iproute2
 APT_PACKAGES += memcached libmemcached-tools
 # the Java module (java/) and the YCSB binding (bench/ycsb)
 APT_PACKAGES += openjdk-17-jdk-headless maven
+# `pagewise mpi` (built against PMIx, tested under mpirun) and the testbed's links (iproute2)
+APT_PACKAGES += openmpi-bin libopenmpi-dev libpmix-dev
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \

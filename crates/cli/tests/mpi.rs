@@ -103,16 +103,14 @@ fn matmul_across_testbed_hosts_reached_by_the_rsh_agent_gives_the_plain_output()
     assert!(out.status.success(), "{:?}\n{err}", out.status);
     assert_eq!(String::from_utf8_lossy(&out.stdout), plain, "{err}");
     assert!(err.contains(&format!("rank 0 on {} runs", hosts[0])), "{err}");
-    for i in 1..4 {
-        assert!(err.contains(&format!("rank {i} on {}: {}:", hosts[i], bed.address(i))), "rank {i}:\n{err}");
+    for (i, host) in hosts.iter().enumerate().skip(1) {
+        assert!(err.contains(&format!("rank {i} on {host}: {}:", bed.address(i))), "rank {i}:\n{err}");
     }
     assert!(served_requests(&err) > 100, "pages did not travel:\n{err}");
     // The servers' replies crossed the shaped links.
     let q = bed.link_qdiscs(0).unwrap();
-    let sent: Vec<u64> = q
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("Sent ")?.split(' ').next()?.parse().ok())
-        .collect();
+    let sent: Vec<u64> =
+        q.lines().filter_map(|l| l.trim().strip_prefix("Sent ")?.split(' ').next()?.parse().ok()).collect();
     assert!(sent.iter().all(|&b| b > 0) && sent.len() == 2, "{q}");
     assert!(bed.down().is_empty());
 }
@@ -149,8 +147,7 @@ fn rank_pid(root: u32, rank: u32) -> u32 {
         .find(|p| {
             let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
             let env = std::fs::read(format!("/proc/{p}/environ")).unwrap_or_default();
-            String::from_utf8_lossy(&cmd).contains("mpi\0")
-                && env.split(|&b| b == 0).any(|v| v == want.as_bytes())
+            String::from_utf8_lossy(&cmd).contains("mpi\0") && env.split(|&b| b == 0).any(|v| v == want.as_bytes())
         })
         .unwrap_or_else(|| panic!("no rank {rank} under {root}"))
 }

@@ -2,10 +2,10 @@
 //! host name; `status` shows the shaped links; `down` removes everything, also after the
 //! holder was killed with SIGKILL (its journal is replayed). Needs root and iproute2.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
 use pagewise_kernel::netns;
 use pagewise_kernel::testbed::TestbedState;
+use std::path::PathBuf;
+use std::process::{Command, Output};
 
 fn pagewise() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_pagewise"))
@@ -35,7 +35,18 @@ fn up_exec_status_and_down() {
     assert!(st.contains("10gbe") && st.contains("rate 10Gbit"), "{st}");
 
     // ssh-like: the words are one shell command line, run on the host with its host name.
-    let out = ok(&testbed(&["exec", &format!("{n}-h1"), "--", "hostname;", "cat", "/proc/net/dev", "|", "grep", "-c", "eth0"]));
+    let out = ok(&testbed(&[
+        "exec",
+        &format!("{n}-h1"),
+        "--",
+        "hostname;",
+        "cat",
+        "/proc/net/dev",
+        "|",
+        "grep",
+        "-c",
+        "eth0",
+    ]));
     assert_eq!(out, format!("{n}-h1\n1\n"));
 
     let e = testbed(&["exec", "not-a-testbed-host", "--", "true"]);
@@ -63,7 +74,9 @@ fn down_after_the_holder_was_killed_replays_its_journal() {
     let st = ok(&testbed(&["status", "--name", &n]));
     assert!(st.contains("holder gone"), "{st}");
     ok(&testbed(&["down", "--name", &n]));
-    assert!(!netns::exists(&format!("{n}-h0")) && !netns::exists(&format!("{n}-h1")) && !netns::exists(&format!("{n}-sw")));
+    assert!(
+        !netns::exists(&format!("{n}-h0")) && !netns::exists(&format!("{n}-h1")) && !netns::exists(&format!("{n}-sw"))
+    );
     assert!(TestbedState::load(&n).unwrap().is_none());
 }
 

@@ -160,6 +160,14 @@ mod tests {
     }
 
     #[test]
+    fn a_result_on_a_network_profile_says_so_in_its_heading_and_command() {
+        let r = json!({"name": "dlm-fault", "mode": "Quick", "net": {"name": "25gbe"}, "summary": {}});
+        let md = render_result(&r);
+        assert!(md.starts_with("### `dlm-fault`, network profile 25gbe\n"), "{md}");
+        assert!(md.contains("`pagewise eval dlm-fault --quick --net 25gbe`"), "{md}");
+    }
+
+    #[test]
     fn splicing_replaces_only_the_generated_part() {
         let readme = format!("intro\n{BEGIN}\nold\n{END}\noutro\n");
         let out = splice(&readme, "new\n").unwrap();
