@@ -70,9 +70,10 @@ fn down_after_the_holder_was_killed_replays_its_journal() {
     while pagewise_kernel::net::kill(holder as i32, 0).is_ok() {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    assert!(netns::exists(&format!("{n}-h1")), "a SIGKILL cannot clean up");
+    // A SIGKILL cannot clean up: its journal is replayed by `down`, or already by the next
+    // settings guard made on the machine (another test's, another run's).
     let st = ok(&testbed(&["status", "--name", &n]));
-    assert!(st.contains("holder gone"), "{st}");
+    assert!(st.contains("holder gone") || st.contains("no testbed is up"), "{st}");
     ok(&testbed(&["down", "--name", &n]));
     assert!(
         !netns::exists(&format!("{n}-h0")) && !netns::exists(&format!("{n}-h1")) && !netns::exists(&format!("{n}-sw"))
