@@ -331,8 +331,7 @@ fn print_decisions(path: &Path, ours: bool, who: &str) {
     let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else { return };
     let n = v["decisions"].as_array().map(|d| d.len()).unwrap_or(0);
     if n > 0 {
-        eprintln!("{who}: page-size decisions ({n}):
-{}", abridged(v["table"].as_str().unwrap_or(""), 12));
+        eprintln!("{who}: page-size decisions ({n}):\n{}", abridged(v["table"].as_str().unwrap_or(""), 12));
     }
 }
 
