@@ -18,6 +18,8 @@ APT_PACKAGES += memcached libmemcached-tools
 APT_PACKAGES += openjdk-17-jdk-headless maven
 # third-party programs of dlm-programs, hps-programs and the compatibility tests (compat_*.rs)
 APT_PACKAGES += hpcc 7zip xz-utils zstd python3-numpy redis-server sqlite3 perl
+# `pagewise mpi` (built against PMIx, tested under mpirun) and the testbed's links (iproute2)
+APT_PACKAGES += openmpi-bin libopenmpi-dev libpmix-dev
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \

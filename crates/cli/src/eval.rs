@@ -4,8 +4,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use pagewise_eval::{experiments, find, run_experiment, Mode};
+use pagewise_eval::{experiments, find, run_experiment_on, Mode};
 use pagewise_kernel::features::{Capability, Feature};
+use pagewise_kernel::testbed::{profile, NetProfile, PROFILES};
 
 /// The kernel capabilities each experiment uses (`pagewise doctor`); a test checks that every
 /// experiment of `pagewise eval list` has exactly one entry here.
@@ -85,6 +86,21 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Run the memory servers on hosts of a testbed behind links of this network profile
+    /// (`pagewise testbed profiles`), one run per profile: PROFILE[,PROFILE…] or `all`.
+    /// Results go to DIR/NAME/net-PROFILE/. For the experiments that place memory servers
+    /// (dlm-fault, dlm-autotune); needs root.
+    #[arg(long, value_name = "PROFILE")]
+    net: Option<String>,
+}
+
+/// The profiles `--net` names (None: no testbed).
+fn net_profiles(arg: Option<&str>) -> anyhow::Result<Vec<Option<&'static NetProfile>>> {
+    let Some(arg) = arg else { return Ok(vec![None]) };
+    if arg == "all" {
+        return Ok(PROFILES.iter().map(Some).collect());
+    }
+    arg.split(',').map(|p| Ok(Some(profile(p.trim())?))).collect()
 }
 
 fn write(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
@@ -124,6 +140,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
         "report" => return report(&args),
+        "all" if args.net.is_some() => experiments().into_iter().filter(|e| e.runs_across_hosts()).collect(),
         "all" => experiments(),
         name => match find(name) {
             Some(e) => vec![e],
@@ -133,19 +150,26 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         },
     };
+    let nets = net_profiles(args.net.as_deref())?;
+    if nets[0].is_some() {
+        if let Some(e) = selected.iter().find(|e| !e.runs_across_hosts()) {
+            let able: Vec<&str> = experiments().iter().filter(|e| e.runs_across_hosts()).map(|e| e.name()).collect();
+            anyhow::bail!("{} does not run across the testbed (--net); these do: {}", e.name(), able.join(", "));
+        }
+    }
     let mut failed = Vec::new();
     for exp in selected {
-        match run_experiment(exp, mode, &args.out, args.quiet) {
-            Ok(markdown) => {
-                println!("{markdown}");
-                println!(
-                    "(results in {})\n",
-                    pagewise_eval::harness::result_dir(&args.out, exp.name(), mode).display()
-                );
-            }
-            Err(e) => {
-                eprintln!("pagewise: {e:#}");
-                failed.push(exp.name());
+        for &net in &nets {
+            let dir = pagewise_eval::harness::result_dir_on(&args.out, exp.name(), mode, net);
+            match run_experiment_on(exp, mode, net, &args.out, args.quiet) {
+                Ok(markdown) => {
+                    println!("{markdown}");
+                    println!("(results in {})\n", dir.display());
+                }
+                Err(e) => {
+                    eprintln!("pagewise: {e:#}");
+                    failed.push(net.map_or(exp.name().to_string(), |p| format!("{} --net {}", exp.name(), p.name)));
+                }
             }
         }
     }

@@ -10,8 +10,10 @@ mod eval;
 mod features;
 mod generate;
 mod hps;
+mod mpi;
 mod reclaim;
 mod run;
+mod testbed;
 
 /// Pagewise: five research memory-management systems on the kernel you already run.
 ///
@@ -29,9 +31,11 @@ enum Command {
     DlmServer(dlm_server::Args),
     Eval(eval::Args),
     Hps(hps::Args),
+    Mpi(mpi::Args),
     Reclaimd(reclaim::DaemonArgs),
     Reclaim(reclaim::Args),
     Run(run::Args),
+    Testbed(testbed::Args),
     #[command(hide = true)]
     Generate(generate::Args),
 }
@@ -43,9 +47,11 @@ fn main() -> ExitCode {
         Command::DlmServer(a) => dlm_server::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Hps(a) => hps::run(a),
+        Command::Mpi(a) => mpi::run(a),
         Command::Reclaimd(a) => reclaim::run_daemon(a),
         Command::Reclaim(a) => reclaim::run(a),
         Command::Run(a) => run::run(a),
+        Command::Testbed(a) => testbed::run(a),
         Command::Generate(a) => generate::run(a),
     };
     match result {

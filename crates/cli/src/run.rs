@@ -23,9 +23,6 @@ static SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libpagewise_prelo
     after_help = "Example:\n  pagewise run --local-mem 64M --spawn-servers 2 --page-size auto -- ./solver input.dat"
 )]
 pub struct Args {
-    /// Most bytes of the program's DLM memory kept on this host.
-    #[arg(long, default_value = "64M")]
-    local_mem: String,
     /// Memory servers to use, HOST:PORT,HOST:PORT (default: spawn local ones).
     #[arg(long, conflicts_with = "spawn_servers")]
     servers: Option<String>,
@@ -36,6 +33,19 @@ pub struct Args {
     /// Capacity of each spawned server.
     #[arg(long, default_value = "64G")]
     server_capacity: String,
+    #[command(flatten)]
+    dlm: DlmOptions,
+    /// The program and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    program: Vec<String>,
+}
+
+/// How a program runs on DLM memory: the options `pagewise run` and `pagewise mpi` share.
+#[derive(clap::Args, Clone, Debug)]
+pub struct DlmOptions {
+    /// Most bytes of the program's DLM memory kept on this host.
+    #[arg(long, default_value = "64M")]
+    local_mem: String,
     /// The paging unit: a size (4K..64M, a power of two), or `auto`: start at --max-page-size
     /// and let the tuner follow the program down to 4 KiB.
     #[arg(long, default_value = "auto")]
@@ -56,9 +66,140 @@ pub struct Args {
     /// Write the tuner's decisions (JSON) to this file.
     #[arg(long)]
     decisions: Option<PathBuf>,
-    /// The program and its arguments.
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
-    program: Vec<String>,
+}
+
+/// [`DlmOptions`] parsed and checked.
+struct Checked {
+    local: usize,
+    min_alloc: usize,
+    base: usize,
+    max_set: u32,
+    set_count: u32,
+    auto: bool,
+}
+
+impl DlmOptions {
+    /// Parse and check the sizes, before anything is started.
+    fn checked(&self) -> Result<Checked> {
+        let local = parse_size(&self.local_mem)?;
+        let min_alloc = parse_size(&self.min_alloc)?;
+        let (base, mut max_set, mut set_count, auto) = page_sizes(&self.page_size, &self.max_page_size)?;
+        if auto {
+            // Under auto the largest unit is a ceiling, not a demand: it shrinks to fit a small
+            // local memory (two units at least).
+            while max_set > 1 && local < 2 * base * max_set as usize {
+                max_set /= 2;
+            }
+            set_count = max_set;
+        }
+        if local < 2 * base * max_set as usize {
+            bail!(
+                "--local-mem {} is below two of the largest units ({} bytes)",
+                self.local_mem,
+                2 * base * max_set as usize
+            );
+        }
+        Ok(Checked { local, min_alloc, base, max_set, set_count, auto })
+    }
+
+    /// Check the options without starting anything (a launcher's ranks all check them, so a
+    /// bad flag fails every rank at once).
+    pub(crate) fn check(&self) -> Result<()> {
+        self.checked().map(drop)
+    }
+
+    /// Seconds a fault may wait for a server (0: forever).
+    pub(crate) fn fault_timeout(&self) -> u64 {
+        self.fault_timeout
+    }
+}
+
+/// A program ready to start on the DLM memory of `servers`, under the preload shim.
+pub(crate) struct DlmProgram {
+    cmd: Command,
+    name: String,
+    decisions: Option<PathBuf>,
+    /// The decisions file is ours (a temporary file), removed after it is printed.
+    decisions_ours: bool,
+    _shim: ShimFile,
+}
+
+impl DlmProgram {
+    /// Set up `program` to run with its large allocations in the memory of `servers`.
+    pub(crate) fn prepare(opts: &DlmOptions, servers: &[String], program: &[String]) -> Result<Self> {
+        let c = opts.checked()?;
+        let lib = libpagewise()?;
+        let shim = ShimFile::create()?;
+        let decisions = match &opts.decisions {
+            Some(p) => Some(p.clone()),
+            None if c.auto => {
+                Some(std::env::temp_dir().join(format!("pagewise-run-{}.decisions.json", std::process::id())))
+            }
+            None => None,
+        };
+        let preload = match std::env::var("LD_PRELOAD") {
+            Ok(v) if !v.is_empty() => format!("{}:{v}", shim.0.display()),
+            _ => shim.0.display().to_string(),
+        };
+        let mut cmd = Command::new(&program[0]);
+        cmd.args(&program[1..])
+            .env("LD_PRELOAD", preload)
+            .env("PAGEWISE_PRELOAD_ARENA", "dlm")
+            .env("PAGEWISE_PRELOAD_LIB", &lib)
+            .env("PAGEWISE_PRELOAD_MIN_ALLOC", c.min_alloc.to_string())
+            .env("PAGEWISE_PRELOAD_REPORT", "1")
+            .env("PAGEWISE_DLM_SERVERS", servers.join(","))
+            .env("PAGEWISE_DLM_LOCAL_MEM", c.local.to_string())
+            .env("PAGEWISE_DLM_PAGE_SIZE", c.base.to_string())
+            .env("PAGEWISE_DLM_MAX_SET", c.max_set.to_string())
+            .env("PAGEWISE_DLM_SET_COUNT", c.set_count.to_string())
+            .env("PAGEWISE_DLM_AUTO_TUNE", if c.auto { "1" } else { "0" })
+            // The handler thread serves faults the kernel takes for the program (read(2) into a
+            // malloc'd array); SIGBUS mode would return EFAULT there.
+            .env("PAGEWISE_DLM_FAULT_MODE", "thread")
+            .env("PAGEWISE_DLM_DONTFORK", "1")
+            .env("PAGEWISE_DLM_FAULT_TIMEOUT_MS", (opts.fault_timeout * 1000).to_string());
+        if opts.bss {
+            cmd.env("PAGEWISE_PRELOAD_BSS", "1");
+        }
+        if let Some(d) = &decisions {
+            let _ = std::fs::remove_file(d);
+            cmd.env("PAGEWISE_DLM_DECISIONS", d);
+        }
+        Ok(DlmProgram {
+            cmd,
+            name: program[0].clone(),
+            decisions,
+            decisions_ours: opts.decisions.is_none(),
+            _shim: shim,
+        })
+    }
+
+    /// The command, to add to its environment or set-up before it starts.
+    pub(crate) fn command(&mut self) -> &mut Command {
+        &mut self.cmd
+    }
+
+    /// Start the program.
+    pub(crate) fn spawn(&mut self) -> Result<std::process::Child> {
+        self.cmd.spawn().with_context(|| format!("starting {}", self.name))
+    }
+
+    /// After the program ended: print the tuner's decisions and give its exit code (128+N
+    /// when signal N killed it, as a shell does). `who` starts the message about a signal.
+    pub(crate) fn finish(self, status: std::process::ExitStatus, who: &str) -> ExitCode {
+        if let Some(d) = &self.decisions {
+            print_decisions(d, self.decisions_ours, who);
+        }
+        match (status.code(), status.signal()) {
+            (Some(c), _) => ExitCode::from(c as u8),
+            (None, Some(sig)) => {
+                eprintln!("{who}: {} was killed by signal {sig}", self.name);
+                ExitCode::from(128u8.wrapping_add(sig as u8))
+            }
+            _ => ExitCode::FAILURE,
+        }
+    }
 }
 
 /// libpagewise.so next to this executable (cargo puts both in target/release).
@@ -79,14 +220,20 @@ pub(crate) struct ShimFile(pub(crate) PathBuf);
 
 impl ShimFile {
     pub(crate) fn create() -> Result<Self> {
-        let path = std::env::temp_dir().join(format!("pagewise-preload-{}.so", std::process::id()));
+        Self::create_from(SHIM, "pagewise-preload")
+    }
+
+    /// Write `bytes` (a shared object carried in this binary) to a file of this process named
+    /// after `stem`.
+    pub(crate) fn create_from(bytes: &[u8], stem: &str) -> Result<Self> {
+        let path = std::env::temp_dir().join(format!("{stem}-{}.so", std::process::id()));
         let _ = std::fs::remove_file(&path);
         std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .open(&path)
-            .and_then(|mut f| f.write_all(SHIM))
-            .with_context(|| format!("writing the preload shim to {}", path.display()))?;
+            .and_then(|mut f| f.write_all(bytes))
+            .with_context(|| format!("writing {} to {}", stem, path.display()))?;
         Ok(ShimFile(path))
     }
 }
@@ -143,22 +290,7 @@ fn page_sizes(page: &str, max: &str) -> Result<(usize, u32, u32, bool)> {
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    let local = parse_size(&a.local_mem)?;
-    let min_alloc = parse_size(&a.min_alloc)?;
-    let (base, mut max_set, mut set_count, auto) = page_sizes(&a.page_size, &a.max_page_size)?;
-    if auto {
-        // Under auto the largest unit is a ceiling, not a demand: it shrinks to fit a small
-        // local memory (two units at least).
-        while max_set > 1 && local < 2 * base * max_set as usize {
-            max_set /= 2;
-        }
-        set_count = max_set;
-    }
-    if local < 2 * base * max_set as usize {
-        bail!("--local-mem {} is below two of the largest units ({} bytes)", a.local_mem, 2 * base * max_set as usize);
-    }
-    let lib = libpagewise()?;
-    let shim = ShimFile::create()?;
+    a.dlm.check()?;
     let mut spawned = Vec::new();
     let servers: Vec<String> = match &a.servers {
         Some(list) => {
@@ -182,59 +314,16 @@ pub fn run(a: Args) -> Result<ExitCode> {
             spawned.iter().map(|p| p.addr.clone()).collect()
         }
     };
-    let decisions = match &a.decisions {
-        Some(p) => Some(p.clone()),
-        None if auto => Some(std::env::temp_dir().join(format!("pagewise-run-{}.decisions.json", std::process::id()))),
-        None => None,
-    };
-    let preload = match std::env::var("LD_PRELOAD") {
-        Ok(v) if !v.is_empty() => format!("{}:{v}", shim.0.display()),
-        _ => shim.0.display().to_string(),
-    };
-    let mut cmd = Command::new(&a.program[0]);
-    cmd.args(&a.program[1..])
-        .env("LD_PRELOAD", preload)
-        .env("PAGEWISE_PRELOAD_ARENA", "dlm")
-        .env("PAGEWISE_PRELOAD_LIB", &lib)
-        .env("PAGEWISE_PRELOAD_MIN_ALLOC", min_alloc.to_string())
-        .env("PAGEWISE_PRELOAD_REPORT", "1")
-        .env("PAGEWISE_DLM_SERVERS", servers.join(","))
-        .env("PAGEWISE_DLM_LOCAL_MEM", local.to_string())
-        .env("PAGEWISE_DLM_PAGE_SIZE", base.to_string())
-        .env("PAGEWISE_DLM_MAX_SET", max_set.to_string())
-        .env("PAGEWISE_DLM_SET_COUNT", set_count.to_string())
-        .env("PAGEWISE_DLM_AUTO_TUNE", if auto { "1" } else { "0" })
-        // The handler thread serves faults the kernel takes for the program (read(2) into a
-        // malloc'd array); SIGBUS mode would return EFAULT there.
-        .env("PAGEWISE_DLM_FAULT_MODE", "thread")
-        .env("PAGEWISE_DLM_DONTFORK", "1")
-        .env("PAGEWISE_DLM_FAULT_TIMEOUT_MS", (a.fault_timeout * 1000).to_string());
-    if a.bss {
-        cmd.env("PAGEWISE_PRELOAD_BSS", "1");
-    }
-    if let Some(d) = &decisions {
-        let _ = std::fs::remove_file(d);
-        cmd.env("PAGEWISE_DLM_DECISIONS", d);
-    }
-    let status = cmd.status().with_context(|| format!("starting {}", a.program[0]))?;
+    let mut program = DlmProgram::prepare(&a.dlm, &servers, &a.program)?;
+    let status = program.command().status().with_context(|| format!("starting {}", a.program[0]))?;
     for p in spawned {
         let _ = p.stop();
     }
-    if let Some(d) = &decisions {
-        print_decisions(d, a.decisions.is_none());
-    }
-    Ok(match (status.code(), status.signal()) {
-        (Some(c), _) => ExitCode::from(c as u8),
-        (None, Some(sig)) => {
-            eprintln!("pagewise run: {} was killed by signal {sig}", a.program[0]);
-            ExitCode::from(128u8.wrapping_add(sig as u8))
-        }
-        _ => ExitCode::FAILURE,
-    })
+    Ok(program.finish(status, "pagewise run"))
 }
 
 /// Print the tuner's per-iteration table (and remove the file if it was ours).
-fn print_decisions(path: &Path, ours: bool) {
+fn print_decisions(path: &Path, ours: bool, who: &str) {
     let Ok(text) = std::fs::read_to_string(path) else { return };
     if ours {
         let _ = std::fs::remove_file(path);
@@ -242,7 +331,7 @@ fn print_decisions(path: &Path, ours: bool) {
     let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else { return };
     let n = v["decisions"].as_array().map(|d| d.len()).unwrap_or(0);
     if n > 0 {
-        eprintln!("pagewise run: page-size decisions ({n}):\n{}", abridged(v["table"].as_str().unwrap_or(""), 12));
+        eprintln!("{who}: page-size decisions ({n}):\n{}", abridged(v["table"].as_str().unwrap_or(""), 12));
     }
 }
 

@@ -75,6 +75,11 @@ impl ServerProcess {
         self.child.id()
     }
 
+    /// Its exit status if it has ended, without waiting.
+    pub fn try_wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
+        self.child.try_wait()
+    }
+
     /// SIGTERM; returns its `--json` statistics line.
     pub fn stop(mut self) -> std::io::Result<String> {
         let _ = pagewise_kernel::net::kill(self.child.id() as i32, libc::SIGTERM);

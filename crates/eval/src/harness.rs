@@ -37,6 +37,11 @@ pub trait Experiment: Sync {
     fn description(&self) -> &'static str;
     /// Run it; every configuration side by side in this one run.
     fn run(&self, ctx: &mut Context) -> anyhow::Result<Report>;
+    /// Whether it runs its memory servers on other hosts of a testbed under `--net PROFILE`
+    /// (`Context::net`, crate::net::ServerHosts).
+    fn runs_across_hosts(&self) -> bool {
+        false
+    }
 }
 
 /// What an experiment gets from the harness.
@@ -44,6 +49,8 @@ pub struct Context {
     pub mode: Mode,
     /// The experiment's results directory (already created).
     pub out_dir: PathBuf,
+    /// `--net PROFILE`: the memory servers go on testbed hosts behind links of this profile.
+    pub net: Option<&'static pagewise_kernel::testbed::NetProfile>,
     progress: ProgressBar,
 }
 
@@ -151,10 +158,40 @@ pub fn result_dir(out_root: &Path, name: &str, mode: Mode) -> PathBuf {
     }
 }
 
+/// Where a run with the memory servers behind a testbed profile's links writes: `net-PROFILE/`
+/// inside [`result_dir`].
+pub fn result_dir_on(
+    out_root: &Path,
+    name: &str,
+    mode: Mode,
+    net: Option<&'static pagewise_kernel::testbed::NetProfile>,
+) -> PathBuf {
+    let dir = result_dir(out_root, name, mode);
+    match net {
+        None => dir,
+        Some(p) => dir.join(format!("net-{}", p.name)),
+    }
+}
+
 /// Run one experiment and write `result_dir(out_root, NAME, mode)/{result.json, table.md,
 /// plot.svg}`. Returns the Markdown it printed.
 pub fn run_experiment(exp: &dyn Experiment, mode: Mode, out_root: &Path, quiet: bool) -> anyhow::Result<String> {
-    let out_dir = result_dir(out_root, exp.name(), mode);
+    run_experiment_on(exp, mode, None, out_root, quiet)
+}
+
+/// [`run_experiment`], with the memory servers on testbed hosts behind links of `net`: the
+/// results go to `out_root/NAME/net-PROFILE/`, keyed by profile.
+pub fn run_experiment_on(
+    exp: &dyn Experiment,
+    mode: Mode,
+    net: Option<&'static pagewise_kernel::testbed::NetProfile>,
+    out_root: &Path,
+    quiet: bool,
+) -> anyhow::Result<String> {
+    if net.is_some() && !exp.runs_across_hosts() {
+        anyhow::bail!("{} does not run across the testbed (--net)", exp.name());
+    }
+    let out_dir = result_dir_on(out_root, exp.name(), mode, net);
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let progress = if quiet { ProgressBar::hidden() } else { ProgressBar::new(0) };
     progress.set_style(
@@ -164,15 +201,16 @@ pub fn run_experiment(exp: &dyn Experiment, mode: Mode, out_root: &Path, quiet: 
     );
     progress.set_prefix(exp.name());
     progress.enable_steady_tick(Duration::from_millis(250));
-    let mut ctx = Context { mode, out_dir: out_dir.clone(), progress };
+    let mut ctx = Context { mode, out_dir: out_dir.clone(), net, progress };
     let started = Instant::now();
     let report = exp.run(&mut ctx).with_context(|| format!("experiment {} failed", exp.name()))?;
     ctx.progress.finish_and_clear();
     let elapsed = started.elapsed();
 
     let header = format!(
-        "{} — mode {:?}, {:.1} s on {}",
+        "{}{} — mode {:?}, {:.1} s on {}",
         exp.description(),
+        net.map(|p| format!(", network profile {}", p.name)).unwrap_or_default(),
         mode,
         elapsed.as_secs_f64(),
         pagewise_kernel::probe::probe().kernel_release
@@ -182,6 +220,7 @@ pub fn run_experiment(exp: &dyn Experiment, mode: Mode, out_root: &Path, quiet: 
         "name": exp.name(),
         "description": exp.description(),
         "mode": mode,
+        "net": net,
         "duration_s": elapsed.as_secs_f64(),
         "finished_at": crate::figures::utc_text(
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
@@ -264,7 +303,7 @@ mod tests {
     #[test]
     fn interleaves_configurations() {
         let dir = std::env::temp_dir();
-        let ctx = Context { mode: Mode::Quick, out_dir: dir, progress: ProgressBar::hidden() };
+        let ctx = Context { mode: Mode::Quick, out_dir: dir, net: None, progress: ProgressBar::hidden() };
         let mut order = Vec::new();
         let out = interleave(&ctx, &['a', 'b'], 3, |c, rep| {
             order.push((*c, rep));

@@ -12,13 +12,14 @@ pub mod experiments;
 pub mod figures;
 pub mod harness;
 pub mod headlines;
+pub mod net;
 pub mod paging;
 pub mod programs;
 pub mod report;
 pub mod sample;
 pub mod stats;
 
-pub use harness::{interleave, run_experiment, Context, Experiment, Mode};
+pub use harness::{interleave, run_experiment, run_experiment_on, Context, Experiment, Mode};
 pub use report::{Censored, Plot, Report, Table};
 pub use stats::{ratio, Latency, Summary};
 

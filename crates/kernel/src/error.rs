@@ -47,6 +47,9 @@ pub enum Error {
     /// an argument was rejected before any syscall was made.
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// a system tool (iproute2's `ip` or `tc`) could not be run or reported a failure.
+    #[error("`{command}` failed: {detail}")]
+    Command { command: String, detail: String },
 }
 
 /// The layer's result type.

@@ -8,8 +8,9 @@
 //! of dead processes and restores what they changed. That is how a crashed `reclaimd` still
 //! leaves the system as it found it.
 //!
-//! Undo runs newest first, so a setting changed twice ends at its very first value and a
-//! cgroup is emptied before the directory holding it is removed.
+//! Undo runs newest first, so a setting changed twice ends at its very first value, a
+//! cgroup is emptied before the directory holding it is removed, and a device's qdisc goes
+//! before the device and the device before its network namespace.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,6 +40,16 @@ pub enum Undo {
     /// Swap off a zram device the guard set up (if it is on) and reset it (`sysfs` is its
     /// /sys/block directory, `device` its /dev node).
     ResetZram { sysfs: PathBuf, device: PathBuf },
+    /// Delete a network namespace the guard created, ending what still runs inside
+    /// (crate::netns::delete).
+    DeleteNetns { name: String },
+    /// Delete a network device (a bridge, one end of a veth pair) the guard created in a
+    /// namespace.
+    DeleteLink { netns: String, name: String },
+    /// Remove the root qdisc the guard put on a device (traffic shaping).
+    DeleteQdisc { netns: String, dev: String },
+    /// Delete a file the guard created (a testbed's state file).
+    RemoveFile { path: PathBuf },
 }
 
 struct Inner {
@@ -141,7 +152,18 @@ impl SettingsGuard {
         }
     }
 
-    fn push(&self, u: Undo) {
+    /// Record `u` unless an equal step is recorded already (a qdisc replaced several times is
+    /// removed once).
+    pub(crate) fn push_once(&self, u: Undo) {
+        let mut undo = self.lock();
+        if !undo.contains(&u) {
+            undo.push(u);
+            self.persist(&undo);
+        }
+    }
+
+    /// Record a change made elsewhere in this crate (a namespace, a device, a qdisc, a file).
+    pub(crate) fn push(&self, u: Undo) {
         let mut undo = self.lock();
         undo.push(u);
         self.persist(&undo);
@@ -206,6 +228,15 @@ pub fn apply_undo(steps: Vec<Undo>) -> Vec<Error> {
             Undo::RestoreAffinity { pid, cpus } => restore_affinity(*pid, cpus),
             Undo::RemoveSwapFile { path } => crate::swap::remove_swap_file(path),
             Undo::ResetZram { sysfs, device } => crate::swap::zram::reset_zram(sysfs, device),
+            Undo::DeleteNetns { name } => crate::netns::delete(name, std::time::Duration::from_secs(1)),
+            Undo::DeleteLink { netns, name } => crate::netns::delete_link(netns, name),
+            Undo::DeleteQdisc { netns, dev } => crate::netns::delete_root_qdisc(netns, dev),
+            Undo::RemoveFile { path } => match std::fs::remove_file(path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(Error::Write { path: path.clone(), value: "unlink".into(), source: e })
+                }
+                _ => Ok(()),
+            },
         };
         if let Err(e) = result {
             errors.push(e);

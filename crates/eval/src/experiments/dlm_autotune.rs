@@ -9,7 +9,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use pagewise_dlm::process::{pagewise_binary, ServerProcess};
+use pagewise_dlm::process::pagewise_binary;
 use pagewise_dlm::tune::format_table;
 use pagewise_dlm::{Config, Dlm};
 use pagewise_kernel::cpu;
@@ -17,6 +17,7 @@ use serde_json::json;
 
 use super::dlm_pagesize::{Grid, ARRAYS};
 use crate::harness::{placement, PinnedThread};
+use crate::net::ServerHosts;
 use crate::{human_bytes, ratio, Censored, Context, Experiment, Report, Summary, Table};
 
 pub struct DlmAutotune;
@@ -87,6 +88,10 @@ impl Experiment for DlmAutotune {
         "dlm-autotune"
     }
 
+    fn runs_across_hosts(&self) -> bool {
+        true
+    }
+
     fn description(&self) -> &'static str {
         "DLM page-size auto-tuning (dlm_start/dlm_end) vs every fixed unit size on the BT-like solver at 50/25/10/5% local memory (seed 003)"
     }
@@ -114,7 +119,9 @@ impl Experiment for DlmAutotune {
         let max_set = (max_unit / base) as u32;
         let ratios = [50usize, 25, 10, 5];
         let total = n * n * n * 8 * ARRAYS;
-        let servers = [ServerProcess::spawn(&bin, "4G")?, ServerProcess::spawn(&bin, "4G")?];
+        // Two servers: on this host, or with --net on two testbed hosts of their own.
+        let hosts = ServerHosts::new(ctx.net, 2)?;
+        let servers = [hosts.spawn(&bin, "4G")?, hosts.spawn(&bin, "4G")?];
         // The solver on one CPU, both servers on the other (dlm-fault's cross-core placement).
         // Left to the scheduler the three met on one CPU now and then: runs of one configuration
         // took from 0.04 to 0.16 s.
@@ -125,6 +132,8 @@ impl Experiment for DlmAutotune {
             }
         }
         let _pinned = place.map(|p| PinnedThread::to(p.client)).transpose()?;
+        // The solver (this thread and the runtime's threads it starts) on the client's host.
+        let on_client = hosts.enter_client()?;
         let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
         // Configurations: auto first, then the fixed sizes.
         let configs: Vec<Option<usize>> = std::iter::once(None).chain(fixed.iter().map(|&u| Some(u))).collect();
@@ -213,6 +222,7 @@ impl Experiment for DlmAutotune {
         for s in servers {
             let _ = s.stop();
         }
+        drop(on_client);
         let per_ratio: Vec<(f64, Option<Censored>)> = vs_best_per_ratio.iter().map(|&(_, v, c)| (v, c)).collect();
         let (worst_vs_best, worst_censored) = Censored::of_max(&per_ratio);
         report.figure_censored("auto_vs_best_fixed_max", worst_vs_best, worst_censored);
@@ -235,6 +245,7 @@ impl Experiment for DlmAutotune {
             ),
         );
         report.data = json!(data);
+        hosts.record(&mut report)?;
         report.note(format!(
             "Targets (issue 9): auto within 1.15× of the best fixed size at every ratio (measured max {}{worst_vs_best:.2}); \
              at 5% at most 0.2× the time of fixed 128 KiB (measured {}{:.3}). '>' marks runs stopped at the {} s budget \

@@ -34,7 +34,7 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 use anyhow::Context as _;
-use pagewise_dlm::process::{pagewise_binary, ServerProcess};
+use pagewise_dlm::process::pagewise_binary;
 use pagewise_dlm::proto::{Header, Opcode};
 use pagewise_dlm::transport::{TcpTransport, Transport};
 use pagewise_dlm::{Config, Dlm, FaultMode};
@@ -43,6 +43,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde_json::json;
 
+use crate::net::ServerHosts;
 use crate::stats::median_ci95;
 use crate::{human_bytes, interleave, ratio, Context, Experiment, Latency, Plot, Report, Summary, Table};
 
@@ -427,6 +428,10 @@ impl Experiment for DlmFault {
         "dlm-fault"
     }
 
+    fn runs_across_hosts(&self) -> bool {
+        true
+    }
+
     fn description(&self) -> &'static str {
         "DLM remote fault latency 4 KiB..1 MiB (handler thread vs SIGBUS) and streaming, vs TCP request/reply, TCP streaming, memcpy"
     }
@@ -467,6 +472,7 @@ impl Experiment for DlmFault {
             "faults",
         );
         let saved = cpu::affinity(0)?;
+        let hosts = ServerHosts::new(ctx.net, 1)?;
         let mut report = Report::default();
         let mut lat_table = Table::new([
             "placement",
@@ -497,9 +503,12 @@ impl Experiment for DlmFault {
         let mut plot = Plot::new("DLM read fault latency (cross-core)", "page size (KiB)", "median µs").log_x();
         let mut data = Vec::new();
         let result = (|| -> anyhow::Result<()> {
+            // This thread, the faulting children it forks and the request/replies it sends are
+            // the client: on this host, or with --net on the testbed's client host.
+            let _on_client = hosts.enter_client()?;
             for pl in &placements {
                 cpu::pin_to(pl.client)?;
-                let server = ServerProcess::spawn(&bin, "4G")?;
+                let server = hosts.spawn(&bin, "4G")?;
                 cpu::set_affinity_of(server.pid() as i32, &BTreeSet::from([pl.server]))?;
                 let addr = server.addr.clone();
                 ctx.message(format!("{}: faults", pl.name));
@@ -675,6 +684,7 @@ impl Experiment for DlmFault {
         );
         report.plots.push(plot);
         report.data = json!(data);
+        hosts.record(&mut report)?;
         report.note(
             "fault_vs_pingpong_16k and stream_vs_tcp_ratio are for the SIGBUS mode (the default) in the first \
              placement (cross-core when 2+ CPUs). 'first write' = a store to a unit that is resident and \
