@@ -4,15 +4,17 @@
 //! the page-size tuner's decisions.
 
 use std::io::Write;
-use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use pagewise_dlm::auth::{Secret, SECRET_ENV};
 use pagewise_dlm::parse_size;
 use pagewise_dlm::process::ServerProcess;
+use pagewise_dlm::transport::TcpTransport;
+use pagewise_kernel::private_dir::PrivateDir;
 
 /// The shim, compiled from preload/*.c by build.rs.
 static SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libpagewise_preload.so"));
@@ -73,50 +75,37 @@ pub(crate) fn libpagewise() -> Result<PathBuf> {
     bail!("libpagewise.so is not next to {} (build it: cargo build --release -p pagewise-capi)", exe.display())
 }
 
-/// The embedded shim written to a file of this run (created exclusively, so no other user's
-/// file can stand in for it; removed when the run ends).
-pub(crate) struct ShimFile(pub(crate) PathBuf);
+/// The files of one run — the embedded shim, the tuner's decisions — in a private directory
+/// of this run (mkdtemp, mode 0700: no other user can plant or redirect anything there;
+/// issue 23), removed when the run ends.
+pub(crate) struct RunFiles {
+    dir: PrivateDir,
+    /// The shim, for LD_PRELOAD.
+    pub(crate) shim: PathBuf,
+}
 
-impl ShimFile {
+impl RunFiles {
     pub(crate) fn create() -> Result<Self> {
-        let path = std::env::temp_dir().join(format!("pagewise-preload-{}.so", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .and_then(|mut f| f.write_all(SHIM))
-            .with_context(|| format!("writing the preload shim to {}", path.display()))?;
-        Ok(ShimFile(path))
+        let dir = PrivateDir::new("run").context("creating the run's private directory")?;
+        let shim = dir.join("libpagewise_preload.so");
+        dir.create_file("libpagewise_preload.so")
+            .map_err(anyhow::Error::from)
+            .and_then(|mut f| f.write_all(SHIM).map_err(anyhow::Error::from))
+            .with_context(|| format!("writing the preload shim to {}", shim.display()))?;
+        Ok(RunFiles { dir, shim })
+    }
+
+    /// Where the program's runtime writes the tuner's decisions.
+    fn decisions(&self) -> PathBuf {
+        self.dir.join("decisions.json")
     }
 }
 
-impl Drop for ShimFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// Check that every server accepts a connection, before the program starts.
+/// Check that every server accepts a connection and the secret, before the program starts.
 fn check_reachable(servers: &[String]) -> Result<()> {
     for (i, s) in servers.iter().enumerate() {
-        let addrs: Vec<_> = s
-            .to_socket_addrs()
-            .with_context(|| format!("memory server {i} ({s}): cannot resolve the address"))?
-            .collect();
-        let mut last = None;
-        for a in &addrs {
-            match TcpStream::connect_timeout(a, Duration::from_secs(3)) {
-                Ok(_) => {
-                    last = None;
-                    break;
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        if let Some(e) = last {
-            bail!("memory server {i} ({s}) is unreachable: {e}; the program was not started");
-        }
+        TcpTransport::open(s, None, Some(Duration::from_secs(3)))
+            .with_context(|| format!("memory server {i} ({s}): the program was not started"))?;
     }
     Ok(())
 }
@@ -158,8 +147,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
         bail!("--local-mem {} is below two of the largest units ({} bytes)", a.local_mem, 2 * base * max_set as usize);
     }
     let lib = libpagewise()?;
-    let shim = ShimFile::create()?;
+    let files = RunFiles::create()?;
     let mut spawned = Vec::new();
+    // Spawned servers get a secret of this run, handed to them and to the program in the
+    // environment (never argv); given servers take the caller's PAGEWISE_DLM_SECRET.
+    let mut run_secret = None;
     let servers: Vec<String> = match &a.servers {
         Some(list) => {
             let s: Vec<String> = list.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect();
@@ -175,23 +167,28 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 bail!("--spawn-servers {n}: give 1..64");
             }
             let bin = std::env::current_exe()?;
+            let secret = Secret::generate()?;
             for _ in 0..n {
-                let p = ServerProcess::spawn(&bin, &a.server_capacity).context("starting a memory server")?;
+                let p = ServerProcess::spawn(&bin, &a.server_capacity, &secret).context("starting a memory server")?;
                 spawned.push(p);
             }
+            run_secret = Some(secret);
             spawned.iter().map(|p| p.addr.clone()).collect()
         }
     };
     let decisions = match &a.decisions {
         Some(p) => Some(p.clone()),
-        None if auto => Some(std::env::temp_dir().join(format!("pagewise-run-{}.decisions.json", std::process::id()))),
+        None if auto => Some(files.decisions()),
         None => None,
     };
     let preload = match std::env::var("LD_PRELOAD") {
-        Ok(v) if !v.is_empty() => format!("{}:{v}", shim.0.display()),
-        _ => shim.0.display().to_string(),
+        Ok(v) if !v.is_empty() => format!("{}:{v}", files.shim.display()),
+        _ => files.shim.display().to_string(),
     };
     let mut cmd = Command::new(&a.program[0]);
+    if let Some(secret) = &run_secret {
+        cmd.env(SECRET_ENV, secret.as_env_value());
+    }
     cmd.args(&a.program[1..])
         .env("LD_PRELOAD", preload)
         .env("PAGEWISE_PRELOAD_ARENA", "dlm")
@@ -212,8 +209,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if a.bss {
         cmd.env("PAGEWISE_PRELOAD_BSS", "1");
     }
-    if let Some(d) = &decisions {
+    if let Some(d) = &a.decisions {
+        // The caller's own file, named on the command line: a fresh one for this run.
         let _ = std::fs::remove_file(d);
+    }
+    if let Some(d) = &decisions {
         cmd.env("PAGEWISE_DLM_DECISIONS", d);
     }
     let status = cmd.status().with_context(|| format!("starting {}", a.program[0]))?;
@@ -221,8 +221,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
         let _ = p.stop();
     }
     if let Some(d) = &decisions {
-        print_decisions(d, a.decisions.is_none());
+        print_decisions(d);
     }
+    drop(files);
     Ok(match (status.code(), status.signal()) {
         (Some(c), _) => ExitCode::from(c as u8),
         (None, Some(sig)) => {
@@ -233,12 +234,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
     })
 }
 
-/// Print the tuner's per-iteration table (and remove the file if it was ours).
-fn print_decisions(path: &Path, ours: bool) {
+/// Print the tuner's per-iteration table.
+fn print_decisions(path: &Path) {
     let Ok(text) = std::fs::read_to_string(path) else { return };
-    if ours {
-        let _ = std::fs::remove_file(path);
-    }
     let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else { return };
     let n = v["decisions"].as_array().map(|d| d.len()).unwrap_or(0);
     if n > 0 {

@@ -110,6 +110,7 @@ fn run_in_client(s: &Setup, name: &str) -> std::process::Output {
         .arg(std::env::current_exe().unwrap())
         .args(["--exact", name, "--nocapture"])
         .env("DLM_CHILD", "1")
+        .env(pagewise_dlm::auth::SECRET_ENV, common::secret().as_env_value())
         .env("DLM_TEST_SERVERS", &s.addrs)
         .env("DLM_TEST_LINK", &s.vc)
         .output()

@@ -102,6 +102,7 @@ fn run(name: &str, seccomp: bool) -> Option<String> {
     cmd.current_dir(&dir)
         .args(["--exact", name, "--nocapture"])
         .env("DLM_CHILD", "1")
+        .env(pagewise_dlm::auth::SECRET_ENV, common::secret().as_env_value())
         .env("DLM_TEST_SERVERS", format!("{},{}", servers[0].addr, servers[1].addr))
         .uid(NOBODY)
         .gid(NOBODY);

@@ -9,6 +9,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use pagewise_dlm::auth::Secret;
 use pagewise_dlm::process::{pagewise_binary, ServerProcess};
 use pagewise_dlm::tune::format_table;
 use pagewise_dlm::{Config, Dlm};
@@ -33,6 +34,7 @@ struct Run {
 #[allow(clippy::too_many_arguments)]
 fn run_one(
     servers: &[String],
+    secret: &Secret,
     n: usize,
     base: usize,
     max_set: u32,
@@ -47,6 +49,7 @@ fn run_one(
     };
     let cfg = Config {
         servers: servers.to_vec(),
+        secret: Some(secret.clone()),
         local_mem: local,
         base_page: base,
         max_set,
@@ -114,7 +117,8 @@ impl Experiment for DlmAutotune {
         let max_set = (max_unit / base) as u32;
         let ratios = [50usize, 25, 10, 5];
         let total = n * n * n * 8 * ARRAYS;
-        let servers = [ServerProcess::spawn(&bin, "4G")?, ServerProcess::spawn(&bin, "4G")?];
+        let secret = Secret::generate()?;
+        let servers = [ServerProcess::spawn(&bin, "4G", &secret)?, ServerProcess::spawn(&bin, "4G", &secret)?];
         // The solver on one CPU, both servers on the other (dlm-fault's cross-core placement).
         // Left to the scheduler the three met on one CPU now and then: runs of one configuration
         // took from 0.04 to 0.16 s.
@@ -151,7 +155,7 @@ impl Experiment for DlmAutotune {
                         ctx.tick();
                         continue;
                     }
-                    let run = run_one(&addrs, n, base, max_set, *c, local, iterations, budget)?;
+                    let run = run_one(&addrs, &secret, n, base, max_set, *c, local, iterations, budget)?;
                     if run.finished {
                         match reference {
                             None => reference = Some(run.checksum),

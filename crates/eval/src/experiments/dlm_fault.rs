@@ -34,6 +34,7 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 use anyhow::Context as _;
+use pagewise_dlm::auth::Secret;
 use pagewise_dlm::process::{pagewise_binary, ServerProcess};
 use pagewise_dlm::proto::{Header, Opcode};
 use pagewise_dlm::transport::{TcpTransport, Transport};
@@ -92,6 +93,12 @@ impl Way {
     }
 }
 
+/// A memory server to measure against: its address and the secret it expects.
+struct Peer {
+    addr: String,
+    secret: Secret,
+}
+
 /// A raw protocol client: one region on the server, filled with data.
 struct Raw {
     t: TcpTransport,
@@ -102,8 +109,8 @@ struct Raw {
 impl Raw {
     /// `busy_poll`: wait for replies as DLM's transport does (spin, then block) rather than
     /// with plain blocking reads.
-    fn new(addr: &str, bytes: usize, busy_poll: bool) -> anyhow::Result<Self> {
-        let mut t = TcpTransport::connect(addr)?;
+    fn new(server: &Peer, bytes: usize, busy_poll: bool) -> anyhow::Result<Self> {
+        let mut t = TcpTransport::open(&server.addr, Some(&server.secret), None)?;
         if !busy_poll {
             t = t.with_spin(std::time::Duration::ZERO);
         }
@@ -155,7 +162,7 @@ impl Raw {
 
 #[allow(clippy::too_many_arguments)]
 fn dlm_config(
-    server: &str,
+    server: &Peer,
     mode: FaultMode,
     install: Install,
     base: usize,
@@ -165,7 +172,8 @@ fn dlm_config(
     ra: usize,
 ) -> Config {
     Config {
-        servers: vec![server.to_string()],
+        servers: vec![server.addr.clone()],
+        secret: Some(server.secret.clone()),
         local_mem: local,
         base_page: base,
         max_set,
@@ -235,7 +243,7 @@ struct FaultRun {
 
 /// [`fault_latency`] in its own single-threaded process.
 fn fault_latency_in_child(
-    server: &str,
+    server: &Peer,
     mode: FaultMode,
     install: Install,
     size: usize,
@@ -267,7 +275,7 @@ fn fault_latency_in_child(
 /// busy-poll request/reply of `size` bytes into one buffer (the headline baseline, paired),
 /// and of first writes.
 fn fault_latency(
-    server: &str,
+    server: &Peer,
     mode: FaultMode,
     install: Install,
     size: usize,
@@ -332,7 +340,7 @@ fn figure_max(report: &mut Report, key: &str, value: f64) {
 /// Latency of `n` READs of random units of `size` bytes; `cold`: each received into the unit's
 /// place in an area of all units (written once first, so no page is missing), else into one
 /// buffer that stays in the cache.
-fn pingpong(server: &str, size: usize, n: usize, seed: u64, busy_poll: bool, cold: bool) -> anyhow::Result<Latency> {
+fn pingpong(server: &Peer, size: usize, n: usize, seed: u64, busy_poll: bool, cold: bool) -> anyhow::Result<Latency> {
     let units = n.max(8);
     let mut raw = Raw::new(server, units * size, busy_poll)?;
     let mut area = vec![1u8; if cold { units * size } else { size }];
@@ -352,7 +360,7 @@ fn pingpong(server: &str, size: usize, n: usize, seed: u64, busy_poll: bool, col
 /// GB/s of touching one word per 4 KiB through an area 4× the local limit, in its own
 /// single-threaded process (`in_dlm_process`), and the runtime's statistics.
 fn stream_dlm(
-    server: &str,
+    server: &Peer,
     mode: FaultMode,
     install: Install,
     bytes: usize,
@@ -361,7 +369,7 @@ fn stream_dlm(
 }
 
 fn stream_dlm_here(
-    server: &str,
+    server: &Peer,
     mode: FaultMode,
     install: Install,
     bytes: usize,
@@ -384,7 +392,7 @@ fn stream_dlm_here(
 }
 
 /// GB/s of pipelined 1 MiB READs from the server (8 in flight).
-fn stream_tcp(server: &str, bytes: usize) -> anyhow::Result<f64> {
+fn stream_tcp(server: &Peer, bytes: usize) -> anyhow::Result<f64> {
     let chunk = 1 << 20;
     let mut raw = Raw::new(server, bytes, true)?;
     let mut buf = vec![0u8; chunk];
@@ -499,9 +507,10 @@ impl Experiment for DlmFault {
         let result = (|| -> anyhow::Result<()> {
             for pl in &placements {
                 cpu::pin_to(pl.client)?;
-                let server = ServerProcess::spawn(&bin, "4G")?;
+                let secret = Secret::generate()?;
+                let server = ServerProcess::spawn(&bin, "4G", &secret)?;
                 cpu::set_affinity_of(server.pid() as i32, &BTreeSet::from([pl.server]))?;
-                let addr = server.addr.clone();
+                let addr = Peer { addr: server.addr.clone(), secret };
                 ctx.message(format!("{}: faults", pl.name));
                 let mut pts: Vec<Vec<(f64, f64)>> = vec![Vec::new(); ways.len()];
                 for &size in &sizes {
