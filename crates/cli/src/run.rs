@@ -104,8 +104,14 @@ impl RunFiles {
 /// Check that every server accepts a connection and the secret, before the program starts.
 fn check_reachable(servers: &[String]) -> Result<()> {
     for (i, s) in servers.iter().enumerate() {
-        TcpTransport::open(s, None, Some(Duration::from_secs(3)))
-            .with_context(|| format!("memory server {i} ({s}): the program was not started"))?;
+        if let Err(e) = TcpTransport::open(s, None, Some(Duration::from_secs(3))) {
+            let what = match e.kind() {
+                std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::InvalidInput => "refused this run",
+                std::io::ErrorKind::InvalidData => "does not speak the DLM protocol",
+                _ => "is unreachable",
+            };
+            bail!("memory server {i} ({s}) {what}: {e}; the program was not started");
+        }
     }
     Ok(())
 }

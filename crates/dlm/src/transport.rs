@@ -80,6 +80,7 @@ impl TcpTransport {
     /// one in [`SECRET_ENV`]) and check the server's proof ([`client_handshake`]), then apply
     /// `timeout` ([`TcpTransport::with_timeout`]). The way every client opens a connection.
     pub fn open(addr: &str, secret: Option<&Secret>, timeout: Option<Duration>) -> io::Result<Self> {
+        let mut t = Self::connect(addr)?;
         let from_env;
         let secret = match secret {
             Some(s) => s,
@@ -94,7 +95,6 @@ impl TcpTransport {
                 })?
             }
         };
-        let mut t = Self::connect(addr)?;
         pagewise_kernel::net::set_recv_timeout(t.stream.as_raw_fd(), Some(HANDSHAKE_TIMEOUT))
             .map_err(|e| io::Error::other(e.to_string()))?;
         client_handshake(&mut t, secret)?;
