@@ -65,7 +65,7 @@ enum Way {
 }
 
 /// How the runtime installs fetched pages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum Install {
     /// The default: received into kept frames moved into place (UFFDIO_MOVE).
     Move,
@@ -97,6 +97,56 @@ impl Way {
 struct Peer {
     addr: String,
     secret: Secret,
+}
+
+/// A measurement for a process of its own ([`in_dlm_process`]), sent on its stdin.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Job {
+    addr: String,
+    /// The server's secret (on stdin, never in argv).
+    secret: String,
+    mode: String,
+    install: Install,
+    what: JobKind,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+enum JobKind {
+    Faults { size: usize, n: usize, seed: u64 },
+    Stream { bytes: usize },
+}
+
+/// The environment variable that makes `pagewise` run one [`Job`] (read from stdin, result as
+/// JSON on stdout) instead of its command line: see [`child_job_if_asked`].
+pub const CHILD_JOB_ENV: &str = "PAGEWISE_EVAL_DLM_FAULT_JOB";
+
+/// Run the dlm-fault measurement this process was started for, if it was (`pagewise`'s main
+/// calls this first, while the process still has one thread): Some(exit code) then.
+pub fn child_job_if_asked() -> Option<std::process::ExitCode> {
+    std::env::var_os(CHILD_JOB_ENV)?;
+    let run = || -> anyhow::Result<String> {
+        let job: Job = serde_json::from_reader(std::io::stdin().lock()).context("reading the job")?;
+        let server = Peer { addr: job.addr, secret: Secret::new(job.secret)? };
+        let mode = FaultMode::parse(&job.mode)?;
+        Ok(match job.what {
+            JobKind::Faults { size, n, seed } => serde_json::to_string(
+                &fault_latency(&server, mode, job.install, size, n, seed).map_err(|e| format!("{e:#}")),
+            )?,
+            JobKind::Stream { bytes } => serde_json::to_string(
+                &stream_dlm_here(&server, mode, job.install, bytes).map_err(|e| format!("{e:#}")),
+            )?,
+        })
+    };
+    Some(match run() {
+        Ok(json) => {
+            println!("{json}");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("pagewise: dlm-fault job: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    })
 }
 
 /// A raw protocol client: one region on the server, filled with data.
@@ -196,17 +246,42 @@ fn populate(dlm: &Dlm, base: *mut u8, bytes: usize) {
     dlm.evict_all();
 }
 
-/// Run a DLM client measurement in a forked child with one thread, as a DLM program is: the
-/// runtime moves received pages in only for a program with one thread (runtime/frames.rs),
-/// and this process has a progress thread.
-fn in_dlm_process<T: serde::Serialize + serde::de::DeserializeOwned>(
-    f: impl FnOnce() -> anyhow::Result<T>,
+/// Run a DLM client measurement in a process of its own with one thread, as a DLM program
+/// is: the runtime moves received pages in only for a program with one thread
+/// (runtime/frames.rs), and this process has a progress thread. The process is a fresh
+/// `pagewise` ([`child_job_if_asked`]), not a fork of this one: after fork(2) in a threaded
+/// process only async-signal-safe work is allowed (`kernel::fork`), and a DLM runtime is far
+/// more than that.
+fn in_dlm_process<T: serde::de::DeserializeOwned>(
+    server: &Peer,
+    mode: FaultMode,
+    install: Install,
+    what: JobKind,
 ) -> anyhow::Result<T> {
-    let bytes = pagewise_kernel::fork::in_single_threaded_child(|| {
-        let r: Result<T, String> = f().map_err(|e| format!("{e:#}"));
-        serde_json::to_vec(&r).unwrap_or_default()
-    })?;
-    let r: Result<T, String> = serde_json::from_slice(&bytes).context("reading the measurement's result")?;
+    use std::io::Write as _;
+    let job = Job {
+        addr: server.addr.clone(),
+        secret: server.secret.as_env_value().to_string_lossy().into_owned(),
+        mode: mode.name().to_string(),
+        install,
+        what,
+    };
+    let mut child = std::process::Command::new(pagewise_binary()?)
+        .env(CHILD_JOB_ENV, "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("starting the measurement's process")?;
+    child.stdin.take().expect("piped").write_all(&serde_json::to_vec(&job)?)?;
+    let out = child.wait_with_output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "the measurement's process failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Result<T, String> = serde_json::from_slice(&out.stdout).context("reading the measurement's result")?;
     r.map_err(|e| anyhow::anyhow!(e))
 }
 
@@ -250,7 +325,7 @@ fn fault_latency_in_child(
     n: usize,
     seed: u64,
 ) -> anyhow::Result<WayRun> {
-    let run: FaultRun = in_dlm_process(|| fault_latency(server, mode, install, size, n, seed))?;
+    let run: FaultRun = in_dlm_process(server, mode, install, JobKind::Faults { size, n, seed })?;
     let hist = |ns: &[u64]| {
         let mut l = Latency::new();
         ns.iter().for_each(|&x| l.record_ns(x));
@@ -365,7 +440,7 @@ fn stream_dlm(
     install: Install,
     bytes: usize,
 ) -> anyhow::Result<(f64, serde_json::Value)> {
-    in_dlm_process(|| stream_dlm_here(server, mode, install, bytes))
+    in_dlm_process(server, mode, install, JobKind::Stream { bytes })
 }
 
 fn stream_dlm_here(
