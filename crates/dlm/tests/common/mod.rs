@@ -73,9 +73,15 @@ impl ServerProc {
     }
 
     /// Start through `cmd` (e.g. `ip netns exec NS pagewise`), listening on `listen`.
-    pub fn start_with(mut cmd: Command, listen: &str, capacity: &str) -> Self {
+    pub fn start_with(cmd: Command, listen: &str, capacity: &str) -> Self {
+        Self::start_with_args(cmd, listen, capacity, &[])
+    }
+
+    /// As [`ServerProc::start_with`], with more `dlm-server` flags.
+    pub fn start_with_args(mut cmd: Command, listen: &str, capacity: &str, extra: &[&str]) -> Self {
         let mut child = cmd
             .args(["dlm-server", "--listen", listen, "--capacity", capacity, "--json", "--verbose"])
+            .args(extra)
             .env(SECRET_ENV, secret().as_env_value())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
