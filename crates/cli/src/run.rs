@@ -28,11 +28,13 @@ pub struct Args {
     /// Most bytes of the program's DLM memory kept on this host.
     #[arg(long, default_value = "64M")]
     local_mem: String,
-    /// Memory servers to use, HOST:PORT,HOST:PORT (default: spawn local ones).
+    /// Memory servers to use, HOST:PORT,HOST:PORT (default: spawn local ones). Their shared
+    /// secret is taken from PAGEWISE_DLM_SECRET.
     #[arg(long, conflicts_with = "spawn_servers")]
     servers: Option<String>,
     /// Spawn this many local memory servers for the run (the default, with 1, when --servers
-    /// is not given); they are stopped when the program ends.
+    /// is not given), with a secret of this run handed to them and the program in the
+    /// environment; they are stopped when the program ends.
     #[arg(long)]
     spawn_servers: Option<usize>,
     /// Capacity of each spawned server.
