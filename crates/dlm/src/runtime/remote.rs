@@ -89,8 +89,8 @@ const MAX_ERROR_MESSAGE: u32 = 4096;
 const MAX_STATS_REPLY: u32 = 64 << 10;
 
 impl Sent {
-    /// Why `rep` cannot be the reply to this synchronous request (op: ALLOC, FREE or STATS),
-    /// if it cannot: the checks of [`Sent::mismatch`] — except the region of ALLOC's reply,
+    /// Why `rep` cannot be the reply to this synchronous request (ALLOC, FREE, STATS, or a
+    /// READ outside the fault path), if it cannot: the checks of [`Sent::mismatch`] — except the region of ALLOC's reply,
     /// which names the new region — and a bound on the length for each kind of reply, so a
     /// broken or hostile server gets a clear error instead of making us allocate what its
     /// length field asks for (issue 23).
@@ -98,6 +98,8 @@ impl Sent {
         let limit = match (rep.status == Status::Ok as u16, op) {
             (false, _) => MAX_ERROR_MESSAGE,
             (true, Opcode::Stats) => MAX_STATS_REPLY,
+            // A synchronous READ (`fetch_into`) checks the exact length against its pages.
+            (true, Opcode::Read) => crate::proto::MAX_PAYLOAD,
             (true, _) => 0,
         };
         if rep.length > limit {
