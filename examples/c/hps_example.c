@@ -4,7 +4,7 @@
  *
  *   cargo build --release -p pagewise-capi
  *   cc -O2 -Iinclude examples/c/hps_example.c target/release/libpagewise.a \
- *      -lpthread -ldl -lm -lgcc_s -o /tmp/hps_example && /tmp/hps_example
+ *      -lpthread -ldl -lm -lgcc_s -o hps_example && ./hps_example
  */
 #include <stdio.h>
 #include <string.h>

@@ -5,6 +5,22 @@
  * Return values: 0 (or a count) on success, a negative errno on failure. A memory server that
  * fails while one of its pages is needed stops the program with a message naming it: DLM never
  * returns data it could not fetch.
+ *
+ * Memory servers admit only clients that prove a shared secret when they connect (a
+ * challenge-response handshake: the secret never crosses the wire): dlm_config.secret, or the
+ * PAGEWISE_DLM_SECRET environment variable when that is NULL. Pass it through the environment
+ * or a file, never on a command line (other users of the host can read command lines).
+ *
+ * Signals: DLM serves faults on its areas in a SIGBUS handler (DLM_FAULT_SIGBUS) or SIGSEGV
+ * handler (DLM_FAULT_SIGSEGV). A fault at an address outside every DLM area goes straight to
+ * the handler that was installed before dlm_init, without DLM taking any lock, so a program's
+ * own SIGSEGV/SIGBUS handler (guard pages, a JIT, a garbage collector) keeps working for its
+ * own memory. A handler installed after dlm_init must pass on the signals it does not handle
+ * to the one it replaced. What a program's signal handler (for any signal) may touch: anything
+ * but DLM memory and the dlm_* functions. A handler may interrupt a thread inside dlm_alloc,
+ * dlm_free or another dlm_* call, which holds the runtime's lock; touching a DLM page that is
+ * not resident from there would wait for that lock forever. (While DLM serves a fault it
+ * blocks all signals on that thread, so a handler never runs in the middle of one.)
  */
 #ifndef PAGEWISE_DLM_H
 #define PAGEWISE_DLM_H
@@ -36,6 +52,8 @@ struct dlm_config {
     unsigned set_count;  /* initial set count (power of two <= max_set) */
     int fault_mode;      /* enum dlm_fault_mode */
     int readahead;       /* units requested ahead of a sequential stream */
+    const char *secret;  /* the servers' shared secret (at least 16 bytes); NULL: the
+                          * PAGEWISE_DLM_SECRET environment variable */
 };
 
 struct dlm_stats {
@@ -58,8 +76,9 @@ struct dlm_stats {
 };
 
 /* Start the runtime from cfg, or from PAGEWISE_DLM_SERVERS, PAGEWISE_DLM_LOCAL_MEM,
- * PAGEWISE_DLM_PAGE_SIZE, PAGEWISE_DLM_MAX_SET (and _SET_COUNT, _FAULT_MODE, _READAHEAD) when
- * cfg is NULL. -EBUSY if already started, -EINVAL for a bad configuration, -ECONNREFUSED etc.
+ * PAGEWISE_DLM_PAGE_SIZE, PAGEWISE_DLM_MAX_SET (and _SET_COUNT, _FAULT_MODE, _READAHEAD,
+ * _SECRET) when cfg is NULL. -EBUSY if already started, -EINVAL for a bad configuration or no
+ * secret, -EACCES when a server refuses the secret (or cannot prove it), -ECONNREFUSED etc.
  * when a server cannot be reached. */
 int dlm_init(const struct dlm_config *cfg);
 /* Allocate len bytes of DLM memory into *out: ordinary memory to every thread. */

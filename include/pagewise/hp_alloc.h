@@ -44,8 +44,18 @@ struct hp_stats {
 /* size bytes on hugepage-backed memory; NULL with errno EINVAL (0 or absurd size) or ENOMEM. */
 void *hp_alloc(size_t size);
 /* Return memory from hp_alloc. NULL is a no-op; any other pointer hp_alloc did not return,
- * or one already freed, gives -EINVAL and changes nothing. */
+ * or one already freed, gives -EINVAL and changes nothing. Like free(3), free each pointer
+ * once: the arena reuses addresses, so a second hp_free after the address was handed out
+ * again would free the new block. Where a free may come late (finalizers, cleaners, shared
+ * owners), use the tagged pair below. */
 int hp_free(void *ptr);
+/* As hp_alloc, and the allocation's tag in *tag: a number no other allocation of the process
+ * ever gets (never 0). NULL with errno EINVAL when tag is NULL. */
+void *hp_alloc_tagged(size_t size, uint64_t *tag);
+/* Free the allocation at ptr only if it is still the one tagged tag. A stale free (that block
+ * was freed and its address handed out again) gives -ESTALE and frees nothing; -EINVAL as
+ * hp_free. NULL is a no-op. */
+int hp_free_tagged(void *ptr, uint64_t tag);
 /* Fill *out (reads /proc/self/smaps). 0 or a negative errno. */
 int hp_stats(struct hp_stats *out);
 

@@ -12,6 +12,12 @@ fn target_dir() -> PathBuf {
 
 struct Server(Child, String);
 
+/// The secret of this test's servers, handed to them and to the C program in the environment.
+fn secret() -> &'static pagewise_dlm::auth::Secret {
+    static S: std::sync::OnceLock<pagewise_dlm::auth::Secret> = std::sync::OnceLock::new();
+    S.get_or_init(|| pagewise_dlm::auth::Secret::generate().unwrap())
+}
+
 impl Server {
     fn start() -> Self {
         let bin = target_dir().join("pagewise");
@@ -21,6 +27,7 @@ impl Server {
         }
         let mut c = Command::new(bin)
             .args(["dlm-server", "--listen", "127.0.0.1:0", "--capacity", "1G"])
+            .env(pagewise_dlm::auth::SECRET_ENV, secret().as_env_value())
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
@@ -68,6 +75,7 @@ fn c_program_uses_the_dlm_api() {
     for mode in ["thread", "sigbus", "sigsegv"] {
         let out = Command::new(&exe)
             .env("PAGEWISE_DLM_SERVERS", &addrs)
+            .env(pagewise_dlm::auth::SECRET_ENV, secret().as_env_value())
             .env("PAGEWISE_DLM_LOCAL_MEM", "4M")
             .env("PAGEWISE_DLM_PAGE_SIZE", "16K")
             .env("PAGEWISE_DLM_MAX_SET", "8")

@@ -23,8 +23,21 @@
         }                                                 \
     } while (0)
 
+#include <stdlib.h>
+
 int main(void) {
-    int rc = dlm_init(NULL); /* PAGEWISE_DLM_* from the environment */
+    /* A secret the servers do not share: refused at connect, and nothing is started. */
+    struct dlm_config wrong = {0};
+    wrong.servers = getenv("PAGEWISE_DLM_SERVERS");
+    wrong.fault_mode = DLM_FAULT_AUTO;
+    wrong.readahead = -1;
+    wrong.secret = "not the servers' secret, long enough";
+    int rc = dlm_init(&wrong);
+    CHECK(rc == -EACCES, "a wrong secret must be -EACCES: %d", rc);
+    wrong.secret = "short";
+    CHECK(dlm_init(&wrong) == -EINVAL, "a short secret must be -EINVAL");
+
+    rc = dlm_init(NULL); /* PAGEWISE_DLM_* from the environment, PAGEWISE_DLM_SECRET too */
     CHECK(rc == 0, "dlm_init: %d", rc);
     CHECK(dlm_init(NULL) == -EBUSY, "second init must be -EBUSY");
 

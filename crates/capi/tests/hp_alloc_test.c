@@ -33,6 +33,17 @@ int main(void) {
     CHECK(hp_alloc(0) == NULL && errno == EINVAL);
     CHECK(hp_stats(NULL) == -EINVAL);
     CHECK(hp_stats(&s) == 0 && s.live_allocations == 0 && s.requested_bytes == 0);
+    /* A late free of a block whose address was handed out again frees nothing. */
+    uint64_t old_tag = 0, new_tag = 0;
+    char *t1 = hp_alloc_tagged(200, &old_tag);
+    CHECK(t1 != NULL && old_tag != 0);
+    CHECK(hp_free_tagged(t1, old_tag) == 0);
+    char *t2 = hp_alloc_tagged(200, &new_tag);
+    CHECK(t2 != NULL && new_tag != old_tag);
+    CHECK(hp_free_tagged(t2, old_tag) == -ESTALE);
+    CHECK(hp_stats(&s) == 0 && s.live_allocations == 1);
+    CHECK(hp_free_tagged(t2, new_tag) == 0);
+    CHECK(hp_alloc_tagged(10, NULL) == NULL && errno == EINVAL);
     printf("C-HP-ALLOC-OK\n");
     return 0;
 }

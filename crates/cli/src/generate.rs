@@ -90,7 +90,8 @@ mod tests {
 
     #[test]
     fn a_page_per_visible_command_and_none_for_hidden_ones() {
-        let dir = std::env::temp_dir().join(format!("pagewise-man-{}", std::process::id()));
+        let scratch = pagewise_kernel::private_dir::PrivateDir::new("man-test").unwrap();
+        let dir = scratch.path().to_path_buf();
         let files = man_pages(crate::Cli::command(), &dir).unwrap();
         let names: Vec<String> = files.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
         for expected in ["pagewise.1", "pagewise-doctor.1", "pagewise-reclaimd.1", "pagewise-reclaim-set.1"] {
@@ -104,7 +105,8 @@ mod tests {
 
     #[test]
     fn completions_for_three_shells_name_the_subcommands() {
-        let dir = std::env::temp_dir().join(format!("pagewise-compl-{}", std::process::id()));
+        let scratch = pagewise_kernel::private_dir::PrivateDir::new("completions-test").unwrap();
+        let dir = scratch.path().to_path_buf();
         let files = completions(crate::Cli::command(), &dir).unwrap();
         assert_eq!(files.len(), 3);
         for f in &files {

@@ -108,10 +108,10 @@ fn run_program(
     );
     anyhow::ensure!(interval_ms > 0, "--interval-ms must be positive");
     let lib = crate::run::libpagewise()?;
-    let shim = crate::run::ShimFile::create()?;
+    let shim = crate::run::EmbeddedFile::write(crate::run::SHIM, "libpagewise_preload.so")?;
     let preload = match std::env::var("LD_PRELOAD") {
-        Ok(v) if !v.is_empty() => format!("{}:{v}", shim.0.display()),
-        _ => shim.0.display().to_string(),
+        Ok(v) if !v.is_empty() => format!("{}:{v}", shim.path.display()),
+        _ => shim.path.display().to_string(),
     };
     let mut child = std::process::Command::new(&program[0])
         .args(&program[1..])

@@ -41,6 +41,10 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // A dlm-fault measurement in a process of its own, started before any thread exists.
+    if let Some(code) = pagewise_eval::experiments::dlm_fault::child_job_if_asked() {
+        return code;
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Doctor(a) => doctor::run(a),

@@ -371,9 +371,9 @@ fn start_server(
     let local: Vec<(Ipv4Addr, u8)> = netns::ipv4_addresses()?.into_iter().map(|a| (a.address, a.prefix_len)).collect();
     let same = plan::same_network(&start.identity, &me.identity);
     let bind = plan::listen_address(same, &local, network)?;
-    let mut cmd = Command::new(std::env::current_exe().context("locating the pagewise executable")?);
-    cmd.env("PAGEWISE_DLM_SECRET", &start.secret);
-    let server = ServerProcess::spawn_cmd(cmd, &format!("{bind}:0"), &capacity.to_string())
+    let cmd = Command::new(std::env::current_exe().context("locating the pagewise executable")?);
+    let secret = pagewise_dlm::auth::Secret::new(&start.secret)?;
+    let server = ServerProcess::spawn_cmd(cmd, &format!("{bind}:0"), &capacity.to_string(), &secret)
         .with_context(|| format!("starting a memory server on {bind}"))?;
     let port: u16 = server
         .addr

@@ -4,18 +4,20 @@
 //! the page-size tuner's decisions.
 
 use std::io::Write;
-use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use pagewise_dlm::auth::{Secret, SECRET_ENV};
 use pagewise_dlm::parse_size;
 use pagewise_dlm::process::ServerProcess;
+use pagewise_dlm::transport::TcpTransport;
+use pagewise_kernel::private_dir::PrivateDir;
 
 /// The shim, compiled from preload/*.c by build.rs.
-static SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libpagewise_preload.so"));
+pub(crate) static SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libpagewise_preload.so"));
 
 /// Run PROGRAM with its large allocations in DLM memory (memory of `pagewise dlm-server`s).
 #[derive(clap::Args)]
@@ -23,11 +25,13 @@ static SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libpagewise_prelo
     after_help = "Example:\n  pagewise run --local-mem 64M --spawn-servers 2 --page-size auto -- ./solver input.dat"
 )]
 pub struct Args {
-    /// Memory servers to use, HOST:PORT,HOST:PORT (default: spawn local ones).
+    /// Memory servers to use, HOST:PORT,HOST:PORT (default: spawn local ones). Their shared
+    /// secret is taken from PAGEWISE_DLM_SECRET.
     #[arg(long, conflicts_with = "spawn_servers")]
     servers: Option<String>,
     /// Spawn this many local memory servers for the run (the default, with 1, when --servers
-    /// is not given); they are stopped when the program ends.
+    /// is not given), with a secret of this run handed to them and the program in the
+    /// environment; they are stopped when the program ends.
     #[arg(long)]
     spawn_servers: Option<usize>,
     /// Capacity of each spawned server.
@@ -121,7 +125,7 @@ pub(crate) struct DlmProgram {
     decisions: Option<PathBuf>,
     /// The decisions file is ours (a temporary file), removed after it is printed.
     decisions_ours: bool,
-    _shim: ShimFile,
+    _shim: EmbeddedFile,
 }
 
 impl DlmProgram {
@@ -129,17 +133,16 @@ impl DlmProgram {
     pub(crate) fn prepare(opts: &DlmOptions, servers: &[String], program: &[String]) -> Result<Self> {
         let c = opts.checked()?;
         let lib = libpagewise()?;
-        let shim = ShimFile::create()?;
+        let shim = EmbeddedFile::write(SHIM, "libpagewise_preload.so")?;
         let decisions = match &opts.decisions {
             Some(p) => Some(p.clone()),
-            None if c.auto => {
-                Some(std::env::temp_dir().join(format!("pagewise-run-{}.decisions.json", std::process::id())))
-            }
+            // In the run's private directory: no other user can plant or redirect it.
+            None if c.auto => Some(shim.dir.join("decisions.json")),
             None => None,
         };
         let preload = match std::env::var("LD_PRELOAD") {
-            Ok(v) if !v.is_empty() => format!("{}:{v}", shim.0.display()),
-            _ => shim.0.display().to_string(),
+            Ok(v) if !v.is_empty() => format!("{}:{v}", shim.path.display()),
+            _ => shim.path.display().to_string(),
         };
         let mut cmd = Command::new(&program[0]);
         cmd.args(&program[1..])
@@ -162,8 +165,11 @@ impl DlmProgram {
         if opts.bss {
             cmd.env("PAGEWISE_PRELOAD_BSS", "1");
         }
-        if let Some(d) = &decisions {
+        if let Some(d) = &opts.decisions {
+            // The caller's own file, named on the command line: a fresh one for this run.
             let _ = std::fs::remove_file(d);
+        }
+        if let Some(d) = &decisions {
             cmd.env("PAGEWISE_DLM_DECISIONS", d);
         }
         Ok(DlmProgram {
@@ -214,55 +220,36 @@ pub(crate) fn libpagewise() -> Result<PathBuf> {
     bail!("libpagewise.so is not next to {} (build it: cargo build --release -p pagewise-capi)", exe.display())
 }
 
-/// The embedded shim written to a file of this run (created exclusively, so no other user's
-/// file can stand in for it; removed when the run ends).
-pub(crate) struct ShimFile(pub(crate) PathBuf);
+/// A shared object carried in this binary (the shim, the PMIx exchange), written to a private
+/// directory of this run (mkdtemp, mode 0700: no other user can plant or redirect anything
+/// there; issue 23), removed with it when the run ends.
+pub(crate) struct EmbeddedFile {
+    pub(crate) dir: PrivateDir,
+    pub(crate) path: PathBuf,
+}
 
-impl ShimFile {
-    pub(crate) fn create() -> Result<Self> {
-        Self::create_from(SHIM, "pagewise-preload")
-    }
-
-    /// Write `bytes` (a shared object carried in this binary) to a file of this process named
-    /// after `stem`.
-    pub(crate) fn create_from(bytes: &[u8], stem: &str) -> Result<Self> {
-        let path = std::env::temp_dir().join(format!("{stem}-{}.so", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .and_then(|mut f| f.write_all(bytes))
-            .with_context(|| format!("writing {} to {}", stem, path.display()))?;
-        Ok(ShimFile(path))
+impl EmbeddedFile {
+    pub(crate) fn write(bytes: &[u8], name: &str) -> Result<Self> {
+        let dir = PrivateDir::new("run").context("creating the run's private directory")?;
+        let path = dir.join(name);
+        dir.create_file(name)
+            .map_err(anyhow::Error::from)
+            .and_then(|mut f| f.write_all(bytes).map_err(anyhow::Error::from))
+            .with_context(|| format!("writing {name} to {}", path.display()))?;
+        Ok(EmbeddedFile { dir, path })
     }
 }
 
-impl Drop for ShimFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// Check that every server accepts a connection, before the program starts.
+/// Check that every server accepts a connection and the secret, before the program starts.
 fn check_reachable(servers: &[String]) -> Result<()> {
     for (i, s) in servers.iter().enumerate() {
-        let addrs: Vec<_> = s
-            .to_socket_addrs()
-            .with_context(|| format!("memory server {i} ({s}): cannot resolve the address"))?
-            .collect();
-        let mut last = None;
-        for a in &addrs {
-            match TcpStream::connect_timeout(a, Duration::from_secs(3)) {
-                Ok(_) => {
-                    last = None;
-                    break;
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        if let Some(e) = last {
-            bail!("memory server {i} ({s}) is unreachable: {e}; the program was not started");
+        if let Err(e) = TcpTransport::open(s, None, Some(Duration::from_secs(3))) {
+            let what = match e.kind() {
+                std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::InvalidInput => "refused this run",
+                std::io::ErrorKind::InvalidData => "does not speak the DLM protocol",
+                _ => "is unreachable",
+            };
+            bail!("memory server {i} ({s}) {what}: {e}; the program was not started");
         }
     }
     Ok(())
@@ -292,6 +279,9 @@ fn page_sizes(page: &str, max: &str) -> Result<(usize, u32, u32, bool)> {
 pub fn run(a: Args) -> Result<ExitCode> {
     a.dlm.check()?;
     let mut spawned = Vec::new();
+    // Spawned servers get a secret of this run, handed to them and to the program in the
+    // environment (never argv); given servers take the caller's PAGEWISE_DLM_SECRET.
+    let mut run_secret = None;
     let servers: Vec<String> = match &a.servers {
         Some(list) => {
             let s: Vec<String> = list.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect();
@@ -307,14 +297,19 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 bail!("--spawn-servers {n}: give 1..64");
             }
             let bin = std::env::current_exe()?;
+            let secret = Secret::generate()?;
             for _ in 0..n {
-                let p = ServerProcess::spawn(&bin, &a.server_capacity).context("starting a memory server")?;
+                let p = ServerProcess::spawn(&bin, &a.server_capacity, &secret).context("starting a memory server")?;
                 spawned.push(p);
             }
+            run_secret = Some(secret);
             spawned.iter().map(|p| p.addr.clone()).collect()
         }
     };
     let mut program = DlmProgram::prepare(&a.dlm, &servers, &a.program)?;
+    if let Some(secret) = &run_secret {
+        program.command().env(SECRET_ENV, secret.as_env_value());
+    }
     let status = program.command().status().with_context(|| format!("starting {}", a.program[0]))?;
     for p in spawned {
         let _ = p.stop();

@@ -19,8 +19,9 @@ use common::{compile, ensure_libpagewise, pagewise, tempdir};
 /// HPS cannot start on this machine (the skip is recorded).
 fn direct_and_under_hps(name: &str, direct_args: &[&str], hps_args: &[&str]) -> Option<(Output, Output, String)> {
     ensure_libpagewise();
-    let dir = tempdir(&format!("hps-{name}"));
-    let prog = compile(name, &dir);
+    let scratch = tempdir(&format!("hps-{name}"));
+    let dir = scratch.path();
+    let prog = compile(name, dir);
     let direct = Command::new(&prog).args(direct_args).output().unwrap();
     assert!(direct.status.success(), "{name} on its own: {direct:?}");
     let run = Command::new(pagewise())
@@ -30,7 +31,7 @@ fn direct_and_under_hps(name: &str, direct_args: &[&str], hps_args: &[&str]) -> 
         .output()
         .expect("pagewise hps run");
     let err = String::from_utf8_lossy(&run.stderr).into_owned();
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
     if let Some(line) = arena_unavailable(&err) {
         pagewise_kernel::testing::skip(format!("HPS cannot start here: {line}"));
         return None;

@@ -74,12 +74,13 @@ fn same_as_plain(model: &Path, wrapper: &[&str], first: u64, count: u64) {
     assert!(routed >= count, "under {wrapper:?} only {routed} allocations were routed:\n{err}");
 }
 
-/// The model compiled into a directory of the calling test's own (tests run in parallel: one
-/// writing the binary another is starting would make that start fail with ETXTBSY).
-fn model(test: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+/// The model compiled into a private directory of the calling test's own (tests run in
+/// parallel: one writing the binary another is starting would make that start fail with
+/// ETXTBSY); the directory lives as long as the first value.
+fn model(test: &str) -> (pagewise_kernel::private_dir::PrivateDir, std::path::PathBuf) {
     ensure_libpagewise();
     let dir = tempdir(test);
-    let m = compile("model", &dir);
+    let m = compile("model", dir.path());
     (dir, m)
 }
 

@@ -51,18 +51,20 @@ fn served_requests(stderr: &str) -> u64 {
         .unwrap_or_else(|| panic!("no closing summary in\n{stderr}"))
 }
 
-fn matmul(tag: &str) -> (std::path::PathBuf, String) {
+/// matmul compiled into a private directory (kept while the returned handle lives), and its
+/// plain output.
+fn matmul(tag: &str) -> (pagewise_kernel::private_dir::PrivateDir, std::path::PathBuf, String) {
     ensure_libpagewise();
     let dir = tempdir(tag);
-    let prog = compile("matmul", &dir);
+    let prog = compile("matmul", dir.path());
     let direct = Command::new(&prog).arg("512").output().unwrap();
     assert!(direct.status.success());
-    (prog, String::from_utf8(direct.stdout).unwrap())
+    (dir, prog, String::from_utf8(direct.stdout).unwrap())
 }
 
 #[test]
 fn matmul_under_mpirun_on_one_host_gives_the_plain_output() {
-    let (prog, plain) = matmul("mpi-one-host");
+    let (_dir, prog, plain) = matmul("mpi-one-host");
     // As the README shows it, then with a local limit far below the arrays, so that pages
     // travel to the server ranks and back.
     for flags in [&[][..], &["--local-mem", "1M", "--min-alloc", "256K"][..]] {
@@ -82,7 +84,7 @@ fn matmul_under_mpirun_on_one_host_gives_the_plain_output() {
 
 #[test]
 fn matmul_across_testbed_hosts_reached_by_the_rsh_agent_gives_the_plain_output() {
-    let (prog, plain) = matmul("mpi-testbed");
+    let (_dir, prog, plain) = matmul("mpi-testbed");
     let spec = TestbedSpec::new(format!("m{}", std::process::id() % 10_000_000), 4);
     let bed = Testbed::up(spec.clone(), profile("25gbe").unwrap()).unwrap();
     let hosts: Vec<String> = (0..4).map(|i| bed.host(i)).collect();

@@ -9,8 +9,10 @@ use pagewise_kernel::SettingsGuard;
 
 const PAGEWISE: &str = env!("CARGO_BIN_EXE_pagewise");
 
+/// A config file in a private directory of its own (kept: the test process ends soon).
 fn config_file(tag: &str, text: &str) -> std::path::PathBuf {
-    let p = std::env::temp_dir().join(format!("pw-cli-{tag}-{}.toml", std::process::id()));
+    let dir = pagewise_kernel::private_dir::PrivateDir::new(&format!("cli-{tag}")).unwrap().keep();
+    let p = dir.join("reclaimd.toml");
     std::fs::write(&p, text).unwrap();
     p
 }

@@ -20,8 +20,9 @@ fn under_run(flags: &[&str], prog: &Path, args: &[&str]) -> Output {
 /// really have used DLM memory.
 fn same_output(name: &str, flags: &[&str], args: impl Fn(&Path) -> Vec<String>) {
     ensure_libpagewise();
-    let dir = tempdir(name);
-    let prog = compile(name, &dir);
+    let scratch = tempdir(name);
+    let dir = scratch.path();
+    let prog = compile(name, dir);
     let a = args(&dir.join("direct"));
     let direct = Command::new(&prog).args(&a).output().unwrap();
     assert!(direct.status.success(), "{name} failed on its own: {direct:?}");
@@ -39,7 +40,7 @@ fn same_output(name: &str, flags: &[&str], args: impl Fn(&Path) -> Vec<String>) 
         .find_map(|l| l.strip_prefix("pagewise: ")?.split(" allocation(s) on dlm memory").next()?.parse::<u64>().ok())
         .unwrap_or_else(|| panic!("{name}: no routing report in\n{err}"));
     assert!(routed >= 1, "{name}: nothing ran on DLM memory\n{err}");
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -97,4 +98,75 @@ fn a_program_without_large_allocations_runs_with_a_warning() {
     assert!(out.status.success(), "{err}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
     assert!(err.contains("warning: the program made no allocation"), "{err}");
+}
+
+/// What another user of the host (uid 65534) planted at the names the old code used —
+/// `pagewise-preload-{pid}.so` and `pagewise-run-{pid}.decisions.json` in the temporary
+/// directory, the second a symlink to a file of ours — is neither followed nor removed:
+/// `pagewise run` and `pagewise hps run` keep their files in a private directory (issue 23).
+#[test]
+fn paths_planted_by_another_user_are_neither_followed_nor_touched() {
+    use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
+    use std::process::Stdio;
+    ensure_libpagewise();
+    let scratch = tempdir("planted");
+    let prog = compile("matmul", scratch.path());
+    let victim = scratch.join("victim");
+    std::fs::write(&victim, "precious").unwrap();
+    let tmp = std::env::temp_dir();
+    for sub in [&["run", "--local-mem", "1M", "--min-alloc", "256K", "--page-size", "auto"][..], &["hps", "run"][..]] {
+        // `exec` keeps the shell's pid: pagewise runs with a pid known before it starts.
+        let mut child = Command::new("sh")
+            .args(["-c", r#"read go; exec "$@""#, "sh"])
+            .arg(pagewise())
+            .args(sub)
+            .arg("--")
+            .arg(&prog)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let shim = tmp.join(format!("pagewise-preload-{pid}.so"));
+        let decisions = tmp.join(format!("pagewise-run-{pid}.decisions.json"));
+        let planted = pagewise_kernel::testing::run_as_user(
+            65534,
+            &format!("printf planted > '{}' && ln -s '{}' '{}'", shim.display(), victim.display(), decisions.display()),
+        );
+        writeln!(child.stdin.take().unwrap(), "go").unwrap();
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        let left = (std::fs::read_to_string(&shim).ok(), std::fs::symlink_metadata(&decisions).ok());
+        let owner = std::fs::symlink_metadata(&shim).map(|m| m.uid()).ok();
+        let _ = std::fs::remove_file(&shim);
+        let _ = std::fs::remove_file(&decisions);
+        if !planted {
+            return;
+        }
+        assert!(out.status.success(), "{sub:?}: {err}");
+        assert!(String::from_utf8_lossy(&out.stdout).starts_with("matmul n=256"), "{sub:?}: {err}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious", "{sub:?} wrote through the symlink");
+        assert_eq!(left.0.as_deref(), Some("planted"), "{sub:?} removed or rewrote the other user's file");
+        assert_eq!(owner, Some(65534));
+        assert!(left.1.is_some_and(|m| m.file_type().is_symlink()), "{sub:?} removed the other user's symlink");
+    }
+}
+
+/// The secret `pagewise run --spawn-servers` makes for its servers reaches the program in its
+/// environment and appears on no command line of the host while the program runs.
+#[test]
+fn the_run_secret_travels_in_the_environment_only() {
+    ensure_libpagewise();
+    let script = r#"s="$PAGEWISE_DLM_SECRET"
+[ ${#s} -ge 32 ] || { echo "no secret in the environment"; exit 3; }
+for f in /proc/[0-9]*/cmdline; do
+  c=$(tr '\0' ' ' < "$f" 2>/dev/null)
+  case "$c" in *"$s"*) echo "the secret is on the command line of $f: $c"; exit 4;; esac
+done
+echo ENV-ONLY"#;
+    let out = under_run(&["--spawn-servers", "2"], Path::new("/bin/sh"), &["-c", script]);
+    let so = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && so.contains("ENV-ONLY"), "{so}\n{}", String::from_utf8_lossy(&out.stderr));
 }

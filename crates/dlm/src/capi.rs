@@ -21,6 +21,8 @@ pub struct DlmConfig {
     pub set_count: c_uint,
     pub fault_mode: c_int,
     pub readahead: c_int,
+    /// The servers' shared secret; NULL: `PAGEWISE_DLM_SECRET`.
+    pub secret: *const c_char,
 }
 
 /// `struct dlm_stats`.
@@ -105,6 +107,11 @@ fn config_from_c(cfg: &DlmConfig) -> Result<Config, c_int> {
     c.fault_mode = mode_from_c(cfg.fault_mode).ok_or(-libc::EINVAL)?;
     if cfg.readahead >= 0 {
         c.readahead = cfg.readahead as usize;
+    }
+    if !cfg.secret.is_null() {
+        // SAFETY: the caller passes NULL or a NUL-terminated string (dlm.h).
+        let text = unsafe { CStr::from_ptr(cfg.secret) };
+        c.secret = Some(crate::auth::Secret::new(text.to_bytes()).map_err(|e| e.errno())?);
     }
     c.validate().map_err(|e| e.errno())?;
     Ok(c)

@@ -1,5 +1,6 @@
 //! Runtime configuration: a struct, or the environment (`PAGEWISE_DLM_*`). Pure parsing.
 
+use crate::auth::{Secret, SECRET_ENV};
 use crate::DlmError;
 
 /// How faults on a DLM area reach the runtime.
@@ -94,6 +95,9 @@ pub struct Config {
     /// false: the child gets the pages resident at fork and zeros elsewhere — only for a
     /// child that never reads DLM memory.
     pub dont_fork: bool,
+    /// The secret the memory servers expect (PROTOCOL.md, "Handshake"); `None`: the one in
+    /// `PAGEWISE_DLM_SECRET` when the runtime connects.
+    pub secret: Option<Secret>,
 }
 
 impl Default for Config {
@@ -116,6 +120,7 @@ impl Default for Config {
             decisions_path: None,
             fault_timeout: Some(std::time::Duration::from_secs(30)),
             dont_fork: true,
+            secret: None,
         }
     }
 }
@@ -143,7 +148,8 @@ impl Config {
     /// `PAGEWISE_DLM_READAHEAD`, `PAGEWISE_DLM_ZERO_COPY` (0/1), `PAGEWISE_DLM_MOVE` (0/1:
     /// `move_install`), `PAGEWISE_DLM_HASH_CLEAN` (0/1: `hash_clean`), `PAGEWISE_DLM_REFERENCES` (0/1: `sample_references`), `PAGEWISE_DLM_AUTO_TUNE` (0/1),
     /// `PAGEWISE_DLM_MIN_SET`, `PAGEWISE_DLM_TUNE_WINDOW_MS`, `PAGEWISE_DLM_DECISIONS` (a file),
-    /// `PAGEWISE_DLM_FAULT_TIMEOUT_MS` (0: none), `PAGEWISE_DLM_DONTFORK` (0/1) through `get`.
+    /// `PAGEWISE_DLM_FAULT_TIMEOUT_MS` (0: none), `PAGEWISE_DLM_DONTFORK` (0/1),
+    /// `PAGEWISE_DLM_SECRET` (the servers' shared secret) through `get`.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, DlmError> {
         let mut c = Config::default();
         let servers =
@@ -197,6 +203,9 @@ impl Config {
         }
         if let Some(v) = get("PAGEWISE_DLM_DONTFORK") {
             c.dont_fork = num("PAGEWISE_DLM_DONTFORK", v)? != 0;
+        }
+        if let Some(v) = get(SECRET_ENV) {
+            c.secret = Some(Secret::new(v).map_err(|e| DlmError::Config(format!("{SECRET_ENV}: {e}")))?);
         }
         if let Some(v) = get("PAGEWISE_DLM_FAULT_TIMEOUT_MS") {
             let ms = num("PAGEWISE_DLM_FAULT_TIMEOUT_MS", v)?;

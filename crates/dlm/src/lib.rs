@@ -22,6 +22,7 @@
 //! units read once, which plain FIFO by fault time (what a CLOCK that sees only faults
 //! amounts to) would not do.
 
+pub mod auth;
 pub mod capi;
 pub mod clock;
 pub mod config;
@@ -76,7 +77,11 @@ impl DlmError {
     pub fn errno(&self) -> i32 {
         -match self {
             DlmError::Config(_) => libc::EINVAL,
-            DlmError::Connect { source, .. } => source.raw_os_error().unwrap_or(libc::ECONNREFUSED),
+            DlmError::Connect { source, .. } => source.raw_os_error().unwrap_or(match source.kind() {
+                std::io::ErrorKind::PermissionDenied => libc::EACCES,
+                std::io::ErrorKind::InvalidInput => libc::EINVAL,
+                _ => libc::ECONNREFUSED,
+            }),
             DlmError::Server { .. } => libc::EIO,
             DlmError::Kernel(e) => e.errno().unwrap_or(libc::EINVAL),
             DlmError::Thread(e) | DlmError::Signal(e) => e.raw_os_error().unwrap_or(libc::EAGAIN),

@@ -5,6 +5,8 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
+use crate::auth::{Secret, SECRET_ENV};
+
 /// The `pagewise` binary next to the running executable (the CLI itself, or a test binary's
 /// target directory one level up).
 pub fn pagewise_binary() -> std::io::Result<PathBuf> {
@@ -34,14 +36,15 @@ pub struct ServerProcess {
 }
 
 impl ServerProcess {
-    /// Start `bin dlm-server --listen 127.0.0.1:0 --capacity CAPACITY --json` and wait for its
-    /// banner.
-    pub fn spawn(bin: &Path, capacity: &str) -> std::io::Result<Self> {
-        Self::spawn_cmd(Command::new(bin), "127.0.0.1:0", capacity)
+    /// Start `bin dlm-server --listen 127.0.0.1:0 --capacity CAPACITY --json` for clients that
+    /// know `secret` (handed over in the environment, never in argv), and wait for its banner.
+    pub fn spawn(bin: &Path, capacity: &str, secret: &Secret) -> std::io::Result<Self> {
+        Self::spawn_cmd(Command::new(bin), "127.0.0.1:0", capacity, secret)
     }
 
     /// Start through `cmd` (already naming the binary, possibly behind a wrapper).
-    pub fn spawn_cmd(mut cmd: Command, listen: &str, capacity: &str) -> std::io::Result<Self> {
+    pub fn spawn_cmd(mut cmd: Command, listen: &str, capacity: &str, secret: &Secret) -> std::io::Result<Self> {
+        cmd.env(SECRET_ENV, secret.as_env_value());
         // SAFETY: the closure only calls prctl, which is async-signal-safe. The server gets
         // SIGTERM when the spawning thread dies, so a killed experiment leaves no server behind.
         unsafe {

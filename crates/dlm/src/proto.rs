@@ -3,7 +3,8 @@
 
 /// "PDLM" as little-endian bytes.
 pub const MAGIC: u32 = 0x4D4C_4450;
-pub const VERSION: u8 = 1;
+/// Version 2 added the handshake (HELLO, AUTH); a version 1 peer is refused with BAD_VERSION.
+pub const VERSION: u8 = 2;
 pub const HEADER_LEN: usize = 32;
 /// Largest payload either side accepts.
 pub const MAX_PAYLOAD: u32 = 64 << 20;
@@ -22,6 +23,10 @@ pub enum Opcode {
     Write = 4,
     Stats = 5,
     Discard = 6,
+    /// Handshake, first message: the client's nonce (PROTOCOL.md, "Handshake").
+    Hello = 7,
+    /// Handshake, second message: the client's proof.
+    Auth = 8,
 }
 
 impl Opcode {
@@ -33,6 +38,8 @@ impl Opcode {
             4 => Opcode::Write,
             5 => Opcode::Stats,
             6 => Opcode::Discard,
+            7 => Opcode::Hello,
+            8 => Opcode::Auth,
             _ => return None,
         })
     }
@@ -51,6 +58,8 @@ pub enum Status {
     BadSize = 6,
     NoSpace = 7,
     Server = 8,
+    /// The handshake failed, or a request came before it completed.
+    Auth = 9,
 }
 
 impl Status {
@@ -65,6 +74,7 @@ impl Status {
             6 => Status::BadSize,
             7 => Status::NoSpace,
             8 => Status::Server,
+            9 => Status::Auth,
             _ => return None,
         })
     }
@@ -80,6 +90,7 @@ impl Status {
             Status::BadSize => "BAD_SIZE",
             Status::NoSpace => "NO_SPACE",
             Status::Server => "SERVER",
+            Status::Auth => "AUTH",
         }
     }
 }
@@ -158,7 +169,14 @@ impl Header {
             return Err((Status::BadMagic, format!("bad magic {:#010x}", self.magic)));
         }
         if self.version != VERSION {
-            return Err((Status::BadVersion, format!("unsupported version {}", self.version)));
+            return Err((
+                Status::BadVersion,
+                format!(
+                    "this server speaks DLM protocol version {VERSION} (with a shared-secret handshake); \
+                     the client speaks version {}: update the client",
+                    self.version
+                ),
+            ));
         }
         if self.length > MAX_PAYLOAD {
             return Err((Status::BadSize, format!("payload of {} bytes exceeds {}", self.length, MAX_PAYLOAD)));

@@ -435,8 +435,7 @@ impl Dlm {
         };
         let mut conns = Vec::new();
         for addr in &cfg.servers {
-            let t = TcpTransport::connect(addr)
-                .and_then(|t| t.with_timeout(cfg.fault_timeout))
+            let t = TcpTransport::open(addr, cfg.secret.as_ref(), cfg.fault_timeout)
                 .map_err(|e| DlmError::Connect { server: addr.clone(), source: e })?;
             conns.push(Conn {
                 t: Box::new(t),

@@ -5,9 +5,13 @@
 //! message. Capacity is reserved before a region is mapped, so a request beyond capacity gets
 //! `NO_SPACE` instead of driving the host into the OOM killer. Bad input is answered per
 //! PROTOCOL.md and never panics; a connection's regions are unmapped when it ends, however it
-//! ends. Clients are bounded (`ServerConfig::max_clients`), dead ones are found by TCP
-//! keepalive, idle ones can be ended (`idle_timeout`), and a region id is never that of a live
-//! region, also after the id counter wraps.
+//! ends. Only clients that prove the shared secret get past the handshake (PROTOCOL.md,
+//! "Handshake"; `auth.rs`), within [`HANDSHAKE_TIMEOUT`]. Clients are bounded
+//! (`ServerConfig::max_clients`); a client whose host stops answering is found by TCP
+//! keepalive, which the client's kernel answers however long its program goes without a
+//! request, so a live client keeps its regions and a dead one loses them within
+//! `dead_peer_timeout` (PROTOCOL.md, "Lifetime"). A region id is never that of a live region,
+//! also after the id counter wraps.
 
 use std::collections::HashMap;
 use std::io::{self, Read};
@@ -19,8 +23,13 @@ use std::sync::Arc;
 use pagewise_kernel::mem::{madvise, Advice, MapOptions, Mapping};
 use serde::Serialize;
 
+use crate::auth::{Secret, NONCE_LEN, PROOF_LEN};
 use crate::proto::{Header, Opcode, Status, HEADER_LEN, MAX_BASE_PAGE, MAX_PAYLOAD, MIN_BASE_PAGE};
-use crate::transport::write_two;
+use crate::transport::{write_two, HANDSHAKE_TIMEOUT};
+
+/// How long a client's host may go without answering before its connection ends, when
+/// `ServerConfig::dead_peer_timeout` is not given.
+pub const DEFAULT_DEAD_PEER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// How to run a server.
 #[derive(Clone, Debug)]
@@ -34,16 +43,27 @@ pub struct ServerConfig {
     /// Most clients connected at once; a connection beyond it is closed at once (and counted
     /// as an error), so a flood of connections cannot exhaust threads or memory.
     pub max_clients: usize,
-    /// End a connection (freeing its regions) after this long without a byte from the client;
-    /// `None`: never. Dead clients are found anyway through TCP keepalive.
-    pub idle_timeout: Option<std::time::Duration>,
+    /// End a connection (freeing its regions) once the client's host has not answered TCP
+    /// keepalive probes for about this long (at least 3 s; `None`:
+    /// [`DEFAULT_DEAD_PEER_TIMEOUT`]). A live client that makes no request keeps its regions:
+    /// its kernel answers the probes.
+    pub dead_peer_timeout: Option<std::time::Duration>,
+    /// The secret clients must prove at connect.
+    pub secret: Secret,
 }
 
 impl ServerConfig {
-    /// A server on `listen` holding at most `capacity` bytes, with the default limits (256
-    /// clients, no idle timeout).
-    pub fn new(listen: impl Into<String>, capacity: u64) -> Self {
-        ServerConfig { listen: listen.into(), capacity, verbose: false, max_clients: 256, idle_timeout: None }
+    /// A server on `listen` holding at most `capacity` bytes for clients that know `secret`,
+    /// with the default limits (256 clients, [`DEFAULT_DEAD_PEER_TIMEOUT`]).
+    pub fn new(listen: impl Into<String>, capacity: u64, secret: Secret) -> Self {
+        ServerConfig {
+            listen: listen.into(),
+            capacity,
+            verbose: false,
+            max_clients: 256,
+            dead_peer_timeout: None,
+            secret,
+        }
     }
 }
 
@@ -57,6 +77,7 @@ pub struct Counters {
     pub resident_bytes: AtomicU64,
     pub clients: AtomicU64,
     pub regions: AtomicU64,
+    pub auth_failures: AtomicU64,
 }
 
 /// A snapshot of [`Counters`], as STATS and `--json` report it.
@@ -70,6 +91,9 @@ pub struct ServerStats {
     pub capacity_bytes: u64,
     pub clients: u64,
     pub regions: u64,
+    /// Connections that failed or skipped the handshake.
+    #[serde(default)]
+    pub auth_failures: u64,
 }
 
 struct Shared {
@@ -77,7 +101,8 @@ struct Shared {
     capacity: u64,
     verbose: bool,
     max_clients: usize,
-    idle_timeout: Option<std::time::Duration>,
+    dead_peer_timeout: std::time::Duration,
+    secret: Secret,
 }
 
 impl Shared {
@@ -92,6 +117,7 @@ impl Shared {
             capacity_bytes: self.capacity,
             clients: c.clients.load(Ordering::Relaxed),
             regions: c.regions.load(Ordering::Relaxed),
+            auth_failures: c.auth_failures.load(Ordering::Relaxed),
         }
     }
 
@@ -127,7 +153,8 @@ impl Server {
                 capacity: cfg.capacity,
                 verbose: cfg.verbose,
                 max_clients: cfg.max_clients,
-                idle_timeout: cfg.idle_timeout,
+                dead_peer_timeout: cfg.dead_peer_timeout.unwrap_or(DEFAULT_DEAD_PEER_TIMEOUT),
+                secret: cfg.secret.clone(),
             }),
         })
     }
@@ -197,12 +224,25 @@ struct Region {
 fn serve_connection(stream: TcpStream, shared: &Shared) -> String {
     let _ = stream.set_nodelay(true);
     let fd = stream.as_raw_fd();
-    // A client that vanished without a FIN (host down, link cut) is found by keepalive.
-    let _ = pagewise_kernel::net::set_dead_peer_timeout(fd, std::time::Duration::from_secs(60));
-    if let Err(e) = pagewise_kernel::net::set_recv_timeout(fd, shared.idle_timeout) {
-        return format!("cannot set the idle timeout: {e}");
+    // A client that vanished without a FIN (host down, link cut) is found by keepalive: the
+    // kernel probes an idle connection and ends it when the probes go unanswered. A live
+    // client's kernel answers them, however long its program goes without a request, so no
+    // receive timeout applies once the client is in (issue 23: an idle timeout on requests
+    // freed the regions of live programs busy with their local pages).
+    if let Err(e) = pagewise_kernel::net::set_dead_peer_timeout(fd, shared.dead_peer_timeout) {
+        return format!("cannot enable keepalive: {e}");
+    }
+    if let Err(e) = pagewise_kernel::net::set_recv_timeout(fd, Some(HANDSHAKE_TIMEOUT)) {
+        return format!("cannot set the handshake timeout: {e}");
     }
     let mut conn = Conn { stream, regions: HashMap::new(), next_region: 1, shared };
+    if let Err(why) = conn.handshake() {
+        shared.counters.auth_failures.fetch_add(1, Ordering::Relaxed);
+        return format!("handshake failed: {why}");
+    }
+    if let Err(e) = pagewise_kernel::net::set_recv_timeout(fd, None) {
+        return format!("cannot clear the handshake timeout: {e}");
+    }
     let why = conn.serve();
     for (_, r) in conn.regions.drain() {
         shared.release(r.mem.len() as u64);
@@ -232,8 +272,8 @@ impl Conn<'_> {
                 Ok(0) => return "closed".into(),
                 Ok(n) if n < HEADER_LEN => return format!("truncated header ({n} bytes)"),
                 Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut => {
-                    return "idle timeout".into()
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                    return "the client's host stopped answering (keepalive)".into()
                 }
                 Err(e) => return format!("read error: {e}"),
             }
@@ -246,6 +286,60 @@ impl Conn<'_> {
                 Err(e) => return format!("i/o error: {e}"),
             }
         }
+    }
+
+    /// The server's half of the handshake (PROTOCOL.md, "Handshake"). Nothing but HELLO and
+    /// then AUTH is accepted, nothing the client sends is swallowed or allocated for, and any
+    /// failure ends the connection (after a reply saying why, where one can be sent).
+    fn handshake(&mut self) -> Result<(), String> {
+        let (hello, client_nonce) = self.handshake_message::<NONCE_LEN>(Opcode::Hello)?;
+        let server_nonce = crate::auth::nonce().map_err(|e| e.to_string())?;
+        let mut body = [0u8; NONCE_LEN + PROOF_LEN];
+        body[..NONCE_LEN].copy_from_slice(&server_nonce);
+        body[NONCE_LEN..].copy_from_slice(&self.shared.secret.server_proof(&client_nonce, &server_nonce));
+        self.reply(&hello, Status::Ok, &body).map_err(|e| e.to_string())?;
+        let (auth, proof) = self.handshake_message::<PROOF_LEN>(Opcode::Auth)?;
+        if !self.shared.secret.verify_client(&client_nonce, &server_nonce, &proof) {
+            self.shared.counters.errors.fetch_add(1, Ordering::Relaxed);
+            let _ = self.reply(&auth, Status::Auth, b"wrong secret");
+            return Err("wrong secret".into());
+        }
+        self.reply(&auth, Status::Ok, &[]).map_err(|e| e.to_string())
+    }
+
+    /// Read handshake message `op` with its payload of exactly N bytes.
+    fn handshake_message<const N: usize>(&mut self, op: Opcode) -> Result<(Header, [u8; N]), String> {
+        let mut b = [0u8; HEADER_LEN];
+        match read_full(&mut self.stream, &mut b) {
+            Ok(n) if n == HEADER_LEN => {}
+            Ok(n) => return Err(format!("closed during the handshake ({n} header bytes)")),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut => {
+                return Err(format!("no handshake within {HANDSHAKE_TIMEOUT:?}"))
+            }
+            Err(e) => return Err(format!("read error: {e}")),
+        }
+        let h = Header::decode(&b);
+        self.shared.counters.requests.fetch_add(1, Ordering::Relaxed);
+        self.shared.counters.bytes_in.fetch_add(HEADER_LEN as u64, Ordering::Relaxed);
+        let refuse = |conn: &mut Self, status: Status, msg: String| {
+            conn.shared.counters.errors.fetch_add(1, Ordering::Relaxed);
+            let _ = conn.reply(&h, status, msg.as_bytes());
+            Err(msg)
+        };
+        if let Err((status, msg)) = h.check() {
+            return refuse(self, status, msg);
+        }
+        if h.opcode != op as u8 {
+            let msg = format!("expected {op:?} (opcode {}), got opcode {}: authenticate first", op as u8, h.opcode);
+            return refuse(self, Status::Auth, msg);
+        }
+        if h.length as usize != N {
+            return refuse(self, Status::Auth, format!("{op:?} payload must be {N} bytes, not {}", h.length));
+        }
+        let mut payload = [0u8; N];
+        self.stream.read_exact(&mut payload).map_err(|e| format!("read error: {e}"))?;
+        self.shared.counters.bytes_in.fetch_add(N as u64, Ordering::Relaxed);
+        Ok((h, payload))
     }
 
     fn error(&mut self, req: &Header, status: Status, msg: &str, swallow: bool) -> io::Result<After> {
@@ -408,6 +502,14 @@ impl Conn<'_> {
                     return self.error(h, Status::Server, &e.to_string(), false);
                 }
                 self.reply(h, Status::Ok, &[])?;
+            }
+            Opcode::Hello | Opcode::Auth => {
+                return self.error(
+                    h,
+                    Status::BadOpcode,
+                    "the handshake is over: HELLO and AUTH come first, once",
+                    true,
+                );
             }
             Opcode::Stats => {
                 if h.length != 0 {

@@ -7,7 +7,8 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use crate::proto::{Header, HEADER_LEN};
+use crate::auth::{Secret, NONCE_LEN, PROOF_LEN, SECRET_ENV};
+use crate::proto::{Header, Opcode, Status, HEADER_LEN, REPLY_BIT, VERSION};
 
 /// One client-to-server channel. Replies arrive in request order (PROTOCOL.md), so a caller may
 /// send several requests before receiving.
@@ -71,7 +72,36 @@ const BATCH_HEADERS: usize = 64;
 /// Default busy-poll budget of [`TcpTransport`].
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 
+/// How long the handshake may wait for the server, whatever the fault timeout.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl TcpTransport {
+    /// Connect to the server at `addr`, prove the shared secret (`secret`, or when `None` the
+    /// one in [`SECRET_ENV`]) and check the server's proof ([`client_handshake`]), then apply
+    /// `timeout` ([`TcpTransport::with_timeout`]). The way every client opens a connection.
+    pub fn open(addr: &str, secret: Option<&Secret>, timeout: Option<Duration>) -> io::Result<Self> {
+        let mut t = Self::connect(addr)?;
+        let from_env;
+        let secret = match secret {
+            Some(s) => s,
+            None => {
+                from_env =
+                    Secret::from_env().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+                from_env.as_ref().ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("no shared secret for the memory servers: set {SECRET_ENV} (or the config's secret)"),
+                    )
+                })?
+            }
+        };
+        pagewise_kernel::net::set_recv_timeout(t.stream.as_raw_fd(), Some(HANDSHAKE_TIMEOUT))
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        client_handshake(&mut t, secret)?;
+        t.with_timeout(timeout)
+    }
+
+    /// A TCP connection without the handshake: [`TcpTransport::open`] is what clients use.
     pub fn connect(addr: &str) -> io::Result<Self> {
         let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
         let stream = TcpStream::connect(&addrs[..])?;
@@ -108,6 +138,86 @@ impl TcpTransport {
     fn try_recv(&self, buf: &mut [u8]) -> io::Result<usize> {
         pagewise_kernel::net::recv_nonblocking(self.stream.as_raw_fd(), buf)
     }
+}
+
+/// Longest message a handshake or error reply may carry.
+const MAX_MESSAGE: u32 = 4096;
+
+/// The client's half of the handshake (PROTOCOL.md, "Handshake"): send HELLO with a fresh
+/// nonce, check the server's proof of the secret, answer with ours in AUTH. Any failure is an
+/// error naming what went wrong (ErrorKind::PermissionDenied when a secret was refused), and
+/// the connection must be dropped.
+pub fn client_handshake(t: &mut dyn Transport, secret: &Secret) -> io::Result<()> {
+    let peer = t.peer();
+    let broken = |what: String| io::Error::new(io::ErrorKind::InvalidData, format!("handshake with {peer}: {what}"));
+    let denied =
+        |what: String| io::Error::new(io::ErrorKind::PermissionDenied, format!("handshake with {peer}: {what}"));
+    let client_nonce = crate::auth::nonce().map_err(|e| io::Error::other(e.to_string()))?;
+    let mut hello = Header::request(Opcode::Hello, 1);
+    hello.length = NONCE_LEN as u32;
+    t.send(&hello, &client_nonce)?;
+    let rep = t.recv_header()?;
+    let expect = |rep: &Header, op: Opcode, id: u32| -> Result<(), String> {
+        if rep.magic != crate::proto::MAGIC {
+            Err(format!("bad magic {:#010x} (is this a DLM memory server?)", rep.magic))
+        } else if rep.opcode != op as u8 | REPLY_BIT || rep.request_id != id {
+            Err(format!("unexpected reply (opcode {:#x}, request id {})", rep.opcode, rep.request_id))
+        } else if rep.length > MAX_MESSAGE {
+            Err(format!("reply of {} bytes (at most {MAX_MESSAGE} expected)", rep.length))
+        } else {
+            Ok(())
+        }
+    };
+    let refused = |t: &mut dyn Transport, rep: &Header| -> io::Error {
+        let mut msg = vec![0u8; rep.length.min(MAX_MESSAGE) as usize];
+        let text = match t.recv_payload(&mut msg) {
+            Ok(()) => String::from_utf8_lossy(&msg).into_owned(),
+            Err(e) => format!("(message lost: {e})"),
+        };
+        let name = Status::from_u16(rep.status).map(|s| s.name()).unwrap_or("unknown status");
+        if rep.status == Status::Auth as u16 {
+            denied(format!("{name}: {text}"))
+        } else {
+            broken(format!("{name}: {text}"))
+        }
+    };
+    // A server of another version answers (BAD_VERSION) before anything else is checked.
+    if rep.magic == crate::proto::MAGIC && rep.version != VERSION {
+        return Err(if rep.length <= MAX_MESSAGE && rep.status != 0 {
+            let e = refused(t, &rep);
+            broken(format!("the server speaks protocol version {}, this client {VERSION}: {e}", rep.version))
+        } else {
+            broken(format!("the server speaks protocol version {}, this client {VERSION}", rep.version))
+        });
+    }
+    expect(&rep, Opcode::Hello, 1).map_err(broken)?;
+    if rep.status != Status::Ok as u16 {
+        return Err(refused(t, &rep));
+    }
+    if rep.length as usize != NONCE_LEN + PROOF_LEN {
+        return Err(broken(format!("HELLO reply of {} bytes, expected {}", rep.length, NONCE_LEN + PROOF_LEN)));
+    }
+    let mut body = [0u8; NONCE_LEN + PROOF_LEN];
+    t.recv_payload(&mut body)?;
+    let mut server_nonce = [0u8; NONCE_LEN];
+    server_nonce.copy_from_slice(&body[..NONCE_LEN]);
+    if !secret.verify_server(&client_nonce, &server_nonce, &body[NONCE_LEN..]) {
+        return Err(denied(
+            "the server does not prove the shared secret (another secret, or not the server meant)".into(),
+        ));
+    }
+    let mut auth = Header::request(Opcode::Auth, 2);
+    auth.length = PROOF_LEN as u32;
+    t.send(&auth, &secret.client_proof(&client_nonce, &server_nonce))?;
+    let rep = t.recv_header()?;
+    expect(&rep, Opcode::Auth, 2).map_err(broken)?;
+    if rep.status != Status::Ok as u16 {
+        return Err(refused(t, &rep));
+    }
+    if rep.length != 0 {
+        return Err(broken(format!("AUTH reply of {} bytes, expected none", rep.length)));
+    }
+    Ok(())
 }
 
 /// Write `head` then `body` with as few syscalls as the kernel allows (one `writev` normally).

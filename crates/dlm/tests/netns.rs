@@ -67,6 +67,11 @@ struct Setup {
 
 /// None (after printing why) when the machine cannot make namespaces.
 fn setup(salt: u32) -> Option<Setup> {
+    setup_with(salt, &[])
+}
+
+/// As [`setup`], the servers started with `extra` flags.
+fn setup_with(salt: u32, extra: &[&str]) -> Option<Setup> {
     if Command::new("ip").arg("-V").output().is_err() {
         pagewise_kernel::testing::skip("the `ip` command (iproute2) is missing");
         return None;
@@ -96,7 +101,7 @@ fn setup(salt: u32) -> Option<Setup> {
     let start = |port: u16| {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &sns]).arg(&bin);
-        ServerProc::start_with(cmd, &format!("{net}.1:{port}"), "1G")
+        ServerProc::start_with_args(cmd, &format!("{net}.1:{port}"), "1G", extra)
     };
     let servers = [start(7101), start(7102)];
     let addrs = servers.iter().map(|s| s.addr.clone()).collect::<Vec<_>>().join(",");
@@ -110,6 +115,7 @@ fn run_in_client(s: &Setup, name: &str) -> std::process::Output {
         .arg(std::env::current_exe().unwrap())
         .args(["--exact", name, "--nocapture"])
         .env("DLM_CHILD", "1")
+        .env(pagewise_dlm::auth::SECRET_ENV, common::secret().as_env_value())
         .env("DLM_TEST_SERVERS", &s.addrs)
         .env("DLM_TEST_LINK", &s.vc)
         .output()
@@ -171,4 +177,69 @@ fn a_dropped_link_stops_the_program_with_a_message() {
     assert!(se.contains("no reply within") || se.contains("connection lost"), "{se}");
     assert!(s.servers.iter().any(|srv| se.contains(&srv.addr)), "the message names the server: {se}");
     assert!(t.elapsed() < std::time::Duration::from_secs(60), "took {:?}", t.elapsed());
+}
+
+fn vanished_host_scenario() {
+    let servers: Vec<String> = std::env::var("DLM_TEST_SERVERS").unwrap().split(',').map(String::from).collect();
+    let dlm = Dlm::init(Config { servers, local_mem: 1 << 20, readahead: 0, ..Config::default() }).unwrap();
+    let base = dlm.alloc(8 << 20).unwrap();
+    // SAFETY: inside the area.
+    unsafe { base.add(4 << 20).write_volatile(7) };
+    dlm.evict_all();
+    // The host vanishes: no FIN, no RST, nothing answers the servers' keepalive probes; this
+    // process lives on (it only sleeps), so its kernel does not close the connections.
+    ip(&["link", "set", &std::env::var("DLM_TEST_LINK").unwrap(), "down"]);
+    println!("LINK-DOWN");
+    std::thread::sleep(std::time::Duration::from_secs(40));
+    std::mem::forget(dlm);
+}
+
+/// A client whose host stops answering loses its connections and regions once the servers'
+/// dead-peer timeout (`--idle-timeout 3`, TCP keepalive) has passed, while its process still
+/// runs (issue 23). The other half — a live client quiet for longer than the timeout keeps its
+/// regions — is `server.rs`'s `connection_bound_and_live_quiet_clients_keep_their_regions`.
+#[test]
+fn a_client_whose_host_vanished_loses_its_regions() {
+    if in_child() {
+        vanished_host_scenario();
+        return;
+    }
+    let Some(s) = setup_with(9, &["--idle-timeout", "3"]) else { return };
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &s.cns])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", "a_client_whose_host_vanished_loses_its_regions", "--nocapture"])
+        .env("DLM_CHILD", "1")
+        .env(pagewise_dlm::auth::SECRET_ENV, common::secret().as_env_value())
+        .env("DLM_TEST_SERVERS", &s.addrs)
+        .env("DLM_TEST_LINK", &s.vc)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("LINK-DOWN") {
+        line.clear();
+        assert!(
+            std::io::BufRead::read_line(&mut out, &mut line).unwrap() > 0,
+            "the client ended before cutting its link"
+        );
+    }
+    let cut = std::time::Instant::now();
+    let gone = |srv: &ServerProc| srv.log.lock().unwrap().iter().any(|l| l.contains("stopped answering (keepalive)"));
+    while !s.servers.iter().all(gone) {
+        assert!(cut.elapsed() < std::time::Duration::from_secs(30), "a vanished client kept its connection");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(child.try_wait().unwrap().is_none(), "the client process must still run");
+    let _ = child.kill();
+    let _ = child.wait();
+    let Setup { servers, ns, .. } = s;
+    for srv in servers {
+        let (st, json) = srv.terminate();
+        assert!(st.success());
+        let v: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+        assert_eq!((v["regions"].as_u64(), v["resident_bytes"].as_u64()), (Some(0), Some(0)), "{v}");
+    }
+    drop(ns);
 }

@@ -67,7 +67,9 @@ fn mismatch_scenario() {
 /// Run this test binary's `name` in a child with `env`; kill it after 60 s (a hang fails).
 fn run_bounded(name: &str, env: &[(&str, String)]) -> (bool, String, String) {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", name, "--nocapture", "--test-threads=1"]).env("DLM_CHILD", "1");
+    cmd.args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env("DLM_CHILD", "1")
+        .env(pagewise_dlm::auth::SECRET_ENV, common::secret().as_env_value());
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -118,6 +120,7 @@ fn a_stopped_server_stops_the_program_sigbus() {
 /// correctly.
 fn lying_server(l: TcpListener) {
     let (mut s, _) = l.accept().unwrap();
+    common::accept_handshake(&mut s);
     let mut pages: u64 = 0;
     loop {
         let mut b = [0u8; HEADER_LEN];

@@ -91,8 +91,9 @@ fn run(name: &str, seccomp: bool) -> Option<String> {
     let servers = [ServerProc::start("256M"), ServerProc::start("256M")];
     // The test binary may sit below a directory only root can enter (a clone under a
     // `mktemp -d` directory is 0700): run a copy from a directory the user nobody can enter.
-    let dir = std::env::temp_dir().join(format!("pagewise-unprivileged-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // A private directory (mkdtemp), opened to others below once it holds only our copy.
+    let scratch = pagewise_kernel::private_dir::PrivateDir::new(&format!("unprivileged-{name}")).unwrap();
+    let dir = scratch.path().to_path_buf();
     let exe = dir.join("unprivileged-test");
     std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
     for p in [&dir, &exe] {
@@ -102,6 +103,7 @@ fn run(name: &str, seccomp: bool) -> Option<String> {
     cmd.current_dir(&dir)
         .args(["--exact", name, "--nocapture"])
         .env("DLM_CHILD", "1")
+        .env(pagewise_dlm::auth::SECRET_ENV, common::secret().as_env_value())
         .env("DLM_TEST_SERVERS", format!("{},{}", servers[0].addr, servers[1].addr))
         .uid(NOBODY)
         .gid(NOBODY);

@@ -287,7 +287,8 @@ mod tests {
 
     #[test]
     fn writes_result_json_table_and_svg() {
-        let dir = std::env::temp_dir().join(format!("pw-harness-{}", std::process::id()));
+        let scratch = pagewise_kernel::private_dir::PrivateDir::new("harness-test").unwrap();
+        let dir = scratch.path().to_path_buf();
         let md = run_experiment(&CopyTiny, Mode::Quick, &dir, true).unwrap();
         assert!(md.contains("| size |"));
         let out = dir.join("copy-tiny");
@@ -302,8 +303,13 @@ mod tests {
 
     #[test]
     fn interleaves_configurations() {
-        let dir = std::env::temp_dir();
-        let ctx = Context { mode: Mode::Quick, out_dir: dir, net: None, progress: ProgressBar::hidden() };
+        let scratch = pagewise_kernel::private_dir::PrivateDir::new("interleave-test").unwrap();
+        let ctx = Context {
+            mode: Mode::Quick,
+            out_dir: scratch.path().to_path_buf(),
+            net: None,
+            progress: ProgressBar::hidden(),
+        };
         let mut order = Vec::new();
         let out = interleave(&ctx, &['a', 'b'], 3, |c, rep| {
             order.push((*c, rep));

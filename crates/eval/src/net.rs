@@ -9,6 +9,7 @@
 //! bulk TCP stream gets, between the client host and a server host, and puts both beside the
 //! profile's nominal rate in the report.
 
+use pagewise_dlm::auth::Secret;
 use std::cell::Cell;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -46,14 +47,14 @@ impl Net {
     }
 
     /// Start `pagewise dlm-server` on server host `i` (1-based), listening on its address.
-    pub fn spawn_server(&self, bin: &Path, i: usize, capacity: &str) -> anyhow::Result<ServerProcess> {
+    pub fn spawn_server(&self, bin: &Path, i: usize, capacity: &str, secret: &Secret) -> anyhow::Result<ServerProcess> {
         let host = self.bed.host(i);
         let ns = netns::NetnsFile::open(&host)?;
         let fd = ns.raw_fd();
         let mut cmd = std::process::Command::new(bin);
         // SAFETY: setns is async-signal-safe; `ns` outlives the spawn, which returns after exec.
         unsafe { std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || netns::setns_net(fd)) };
-        let server = ServerProcess::spawn_cmd(cmd, &format!("{}:0", self.bed.address(i)), capacity)
+        let server = ServerProcess::spawn_cmd(cmd, &format!("{}:0", self.bed.address(i)), capacity, secret)
             .with_context(|| format!("starting a memory server on {host}"))?;
         drop(ns);
         Ok(server)
@@ -133,15 +134,15 @@ impl ServerHosts {
         self.net.as_ref()
     }
 
-    /// Start a memory server: on this host's loopback, or on the next testbed server host in
-    /// turn.
-    pub fn spawn(&self, bin: &Path, capacity: &str) -> anyhow::Result<ServerProcess> {
+    /// Start a memory server that admits clients knowing `secret`: on this host's loopback, or
+    /// on the next testbed server host in turn.
+    pub fn spawn(&self, bin: &Path, capacity: &str, secret: &Secret) -> anyhow::Result<ServerProcess> {
         match &self.net {
-            None => Ok(ServerProcess::spawn(bin, capacity)?),
+            None => Ok(ServerProcess::spawn(bin, capacity, secret)?),
             Some(net) => {
                 let i = self.next.get() % net.server_hosts();
                 self.next.set(i + 1);
-                net.spawn_server(bin, 1 + i, capacity)
+                net.spawn_server(bin, 1 + i, capacity, secret)
             }
         }
     }

@@ -352,7 +352,8 @@ mod tests {
 
     #[test]
     fn svg_is_written() {
-        let dir = std::env::temp_dir().join(format!("pw-svg-{}", std::process::id()));
+        let scratch = pagewise_kernel::private_dir::PrivateDir::new("svg-test").unwrap();
+        let dir = scratch.path().to_path_buf();
         std::fs::create_dir_all(&dir).unwrap();
         let mut p = Plot::new("t", "x", "y").log_x();
         p.series("a", vec![(1.0, 2.0), (10.0, 3.0)]);

@@ -240,7 +240,8 @@ mod tests {
 
     #[test]
     fn table_shares_between_live_processes_and_reclaims_the_dead() {
-        let dir = std::env::temp_dir().join(format!("pw-budget-{}", std::process::id()));
+        let scratch = pagewise_kernel::private_dir::PrivateDir::new("budget-test").unwrap();
+        let dir = scratch.path().to_path_buf();
         let path = dir.join("budget");
         let _ = std::fs::remove_file(&path);
         let me = pagewise_kernel::signal::getpid();

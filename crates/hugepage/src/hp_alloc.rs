@@ -22,6 +22,13 @@
 //!   (`AnonHugePages` + `Private_Hugetlb`) of the arena's own mappings, set against the bytes
 //!   callers requested, so "is my data on hugepages" is answered by the kernel, not by us.
 //!
+//! - **Tags** ([`HpArena::alloc_tagged`], [`HpArena::free_tagged`]): every allocation gets a
+//!   tag no other allocation of the arena ever gets (a 64-bit counter). Addresses are reused
+//!   (that is the point of the arena), so a free that comes late — a finalizer or cleaner that
+//!   runs twice, a second owner — would otherwise free whoever holds the address now; a tagged
+//!   free of a block that is gone is refused ([`Error::Stale`]) and changes nothing (issue 23).
+//!   The untagged [`HpArena::free`] has `free(3)`'s contract: each pointer is freed once.
+//!
 //! Thread safety: one mutex around the arena's bookkeeping; allocation is a few map operations
 //! (Spark allocates 1–4 MiB chunks, not millions of small objects).
 
@@ -187,6 +194,8 @@ struct Slab {
     used: u32,
     /// Requested bytes of each carved slot (valid while the slot is live).
     sizes: Vec<u32>,
+    /// Tag of each carved slot's allocation (valid while the slot is live).
+    tags: Vec<u64>,
     /// Requested bytes of the live slots.
     requested: u64,
 }
@@ -200,6 +209,7 @@ impl Slab {
 struct Large {
     len: usize,
     requested: usize,
+    tag: u64,
 }
 
 #[derive(Default)]
@@ -216,6 +226,8 @@ struct State {
     allocated: u64,
     live: u64,
     collapse_failures: u64,
+    /// Tags handed out so far (the next allocation's tag is this plus one; 0 is never a tag).
+    tags: u64,
 }
 
 /// The hugepage arena. Cheap to share (`&HpArena` is `Sync`).
@@ -297,6 +309,11 @@ impl HpArena {
     /// Allocate `size` bytes. Sizes up to [`MAX_CLASS`] come from size-class slabs (aligned to
     /// their power-of-two class); larger ones are whole 2 MiB-aligned regions.
     pub fn alloc(&self, size: usize) -> Result<*mut u8> {
+        self.alloc_tagged(size).map(|(p, _)| p)
+    }
+
+    /// [`HpArena::alloc`], and the allocation's tag for [`HpArena::free_tagged`].
+    pub fn alloc_tagged(&self, size: usize) -> Result<(*mut u8, u64)> {
         if size == 0 {
             return Err(Error::Invalid("hp_alloc of 0 bytes".into()));
         }
@@ -304,20 +321,26 @@ impl HpArena {
             return Err(Error::Invalid(format!("hp_alloc of {size} bytes is too large")));
         }
         let mut st = self.lock();
-        let p = if size <= MAX_CLASS { self.alloc_small(&mut st, size)? } else { self.alloc_large(&mut st, size)? };
+        let tag = st.tags + 1;
+        let p = if size <= MAX_CLASS {
+            self.alloc_small(&mut st, size, tag)?
+        } else {
+            self.alloc_large(&mut st, size, tag)?
+        };
+        st.tags = tag;
         st.live += 1;
-        Ok(p as *mut u8)
+        Ok((p as *mut u8, tag))
     }
 
-    fn alloc_large(&self, st: &mut State, size: usize) -> Result<usize> {
+    fn alloc_large(&self, st: &mut State, size: usize, tag: u64) -> Result<usize> {
         let len = align_up(size, HUGE_PMD);
         let addr = self.take_regions(st, len)?;
-        st.large.insert(addr, Large { len, requested: size });
+        st.large.insert(addr, Large { len, requested: size, tag });
         st.allocated += len as u64;
         Ok(addr)
     }
 
-    fn alloc_small(&self, st: &mut State, size: usize) -> Result<usize> {
+    fn alloc_small(&self, st: &mut State, size: usize, tag: u64) -> Result<usize> {
         let class = class_of(size);
         let region = match st.partial[class].first().copied() {
             Some(r) => r,
@@ -333,6 +356,7 @@ impl HpArena {
                         live: vec![0; slots.div_ceil(64) as usize],
                         used: 0,
                         sizes: Vec::new(),
+                        tags: Vec::new(),
                         requested: 0,
                     },
                 );
@@ -347,10 +371,12 @@ impl HpArena {
                 let s = slab.next_unused;
                 slab.next_unused += 1;
                 slab.sizes.push(0);
+                slab.tags.push(0);
                 s
             }
         };
         slab.sizes[slot as usize] = size as u32;
+        slab.tags[slot as usize] = tag;
         slab.live[slot as usize / 64] |= 1 << (slot % 64);
         slab.used += 1;
         slab.requested += size as u64;
@@ -408,10 +434,46 @@ impl HpArena {
     }
 
     /// Return an allocation. A pointer the arena did not hand out, or one already freed, is
-    /// rejected with [`Error::Invalid`] and changes nothing.
+    /// rejected with [`Error::Invalid`] and changes nothing. Like `free(3)`, each pointer is
+    /// freed once: a second free after the address was handed out again frees the new block
+    /// (use [`HpArena::free_tagged`] where a free may come late).
     pub fn free(&self, ptr: *mut u8) -> Result<()> {
+        self.free_checked(ptr, None)
+    }
+
+    /// Return the allocation at `ptr` only if it is still the one `tag` names (from
+    /// [`HpArena::alloc_tagged`]); a stale free — that block was freed and the address handed
+    /// out again — is rejected with [`Error::Stale`] and changes nothing.
+    pub fn free_tagged(&self, ptr: *mut u8, tag: u64) -> Result<()> {
+        self.free_checked(ptr, Some(tag))
+    }
+
+    /// The tag of the live allocation at `ptr`, if there is one.
+    pub fn tag_of(&self, ptr: *mut u8) -> Option<u64> {
+        let addr = ptr as usize;
+        let st = self.lock();
+        let region = mem::align_down(addr, HUGE_PMD);
+        if let Some(slab) = st.slabs.get(&region) {
+            let cs = class_size(slab.class);
+            let off = addr - region;
+            let slot = off / cs;
+            let live = off.is_multiple_of(cs)
+                && slot < slab.next_unused as usize
+                && slab.live[slot / 64] & (1 << (slot % 64)) != 0;
+            return live.then(|| slab.tags[slot]);
+        }
+        st.large.get(&addr).map(|l| l.tag)
+    }
+
+    fn free_checked(&self, ptr: *mut u8, tag: Option<u64>) -> Result<()> {
         let addr = ptr as usize;
         let mut st = self.lock();
+        let stale = |now: u64| {
+            Error::Stale(format!(
+                "hp_free({addr:#x}) of the block tagged {}: that block is gone and the address now holds the one tagged {now}; nothing freed",
+                tag.unwrap_or(0)
+            ))
+        };
         let region = mem::align_down(addr, HUGE_PMD);
         if let Some(slab) = st.slabs.get_mut(&region) {
             let cs = class_size(slab.class);
@@ -423,6 +485,9 @@ impl HpArena {
             let bit = 1u64 << (slot % 64);
             if slot >= slab.next_unused || slab.live[slot as usize / 64] & bit == 0 {
                 return Err(Error::Invalid(format!("hp_free({addr:#x}): not allocated (double free?)")));
+            }
+            if tag.is_some_and(|t| t != slab.tags[slot as usize]) {
+                return Err(stale(slab.tags[slot as usize]));
             }
             slab.live[slot as usize / 64] &= !bit;
             slab.used -= 1;
@@ -440,6 +505,11 @@ impl HpArena {
                 st.partial[class].insert(region);
             }
             return Ok(());
+        }
+        if let (Some(t), Some(l)) = (tag, st.large.get(&addr)) {
+            if l.tag != t {
+                return Err(stale(l.tag));
+            }
         }
         match st.large.remove(&addr) {
             Some(l) => {
@@ -556,6 +626,34 @@ mod tests {
         a.free(p).unwrap();
         assert!(matches!(a.free(p), Err(Error::Invalid(_))), "double free must be refused");
         assert!(HpArena::new(HpConfig { segment_bytes: 3 << 20, ..Default::default() }).is_err());
+    }
+
+    /// A late free of a block whose address was handed out again leaves the new block alone
+    /// (issue 23): refused as stale, the new block still live, intact and freeable by its own
+    /// tag. Both paths: a small slot recycled within its slab, and a large run recycled whole.
+    #[test]
+    fn a_stale_tagged_free_of_a_recycled_address_frees_nothing() {
+        for size in [100usize, 3 << 20] {
+            let a = HpArena::new(HpConfig { backing: Some(Backing::None), ..Default::default() }).unwrap();
+            let (p, old) = a.alloc_tagged(size).unwrap();
+            a.free_tagged(p, old).unwrap();
+            let (q, new) = a.alloc_tagged(size).unwrap();
+            assert_eq!(p, q, "the address is recycled");
+            assert_ne!(old, new);
+            // SAFETY: q is ours, `size` bytes.
+            unsafe { std::ptr::write_bytes(q, 0x3c, size) };
+            let err = a.free_tagged(p, old).unwrap_err();
+            assert!(matches!(err, Error::Stale(_)), "{err}");
+            assert_eq!(err.errno(), libc::ESTALE);
+            assert_eq!(a.counters().live_allocations, 1, "the newer block was freed by a stale free");
+            assert_eq!(a.tag_of(q), Some(new));
+            // SAFETY: q is still live and ours.
+            assert!(unsafe { std::slice::from_raw_parts(q, size) }.iter().all(|&b| b == 0x3c));
+            a.free_tagged(q, new).unwrap();
+            assert_eq!(a.tag_of(q), None);
+            assert!(matches!(a.free_tagged(q, new), Err(Error::Invalid(_))), "freed twice");
+            assert_eq!(a.counters().live_allocations, 0);
+        }
     }
 
     #[test]

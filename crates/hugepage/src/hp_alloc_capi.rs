@@ -79,9 +79,24 @@ fn alloc_raw(size: usize) -> i64 {
     })
 }
 
-fn free_raw(ptr: usize) -> i64 {
+/// Allocate `size` bytes and write the allocation's tag to `tag`; -errno on failure.
+fn alloc_tagged_raw(size: usize, tag: &mut u64) -> i64 {
     guarded(|| match arena() {
-        Ok(a) => match a.free(ptr as *mut u8) {
+        Ok(a) => match a.alloc_tagged(size) {
+            Ok((p, t)) => {
+                *tag = t;
+                p as i64
+            }
+            Err(e) => -(e.errno() as i64),
+        },
+        Err(e) => -(e as i64),
+    })
+}
+
+/// Free `ptr`: any allocation there (`tag` None), or only the one tagged `tag`.
+fn free_raw(ptr: usize, tag: Option<u64>) -> i64 {
+    guarded(|| match arena() {
+        Ok(a) => match tag.map_or_else(|| a.free(ptr as *mut u8), |t| a.free_tagged(ptr as *mut u8, t)) {
             Ok(()) => 0,
             Err(e) => -(e.errno() as i64),
         },
@@ -126,7 +141,39 @@ pub extern "C" fn hp_free(ptr: *mut c_void) -> c_int {
     if ptr.is_null() {
         return 0;
     }
-    free_raw(ptr as usize) as c_int
+    free_raw(ptr as usize, None) as c_int
+}
+
+/// `hp_alloc_tagged`: as `hp_alloc`, and the allocation's tag in `*tag` (never 0).
+///
+/// # Safety
+/// `tag` is NULL (rejected with EINVAL) or points to a writable `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn hp_alloc_tagged(size: usize, tag: *mut u64) -> *mut c_void {
+    if tag.is_null() {
+        set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    let mut t = 0;
+    let r = alloc_tagged_raw(size, &mut t);
+    if r < 0 {
+        set_errno(-r as i32);
+        return std::ptr::null_mut();
+    }
+    // SAFETY: non-null and writable per the contract.
+    unsafe { tag.write(t) };
+    r as usize as *mut c_void
+}
+
+/// `hp_free_tagged`: free the allocation at `ptr` only if it is the one tagged `tag`. A stale
+/// free (that block was freed and the address handed out again) gives -ESTALE and changes
+/// nothing; NULL is a no-op.
+#[no_mangle]
+pub extern "C" fn hp_free_tagged(ptr: *mut c_void, tag: u64) -> c_int {
+    if ptr.is_null() {
+        return 0;
+    }
+    free_raw(ptr as usize, Some(tag)) as c_int
 }
 
 /// `hp_stats`: fill `out`, reading /proc/self/smaps for the hugepage and resident bytes.
@@ -148,13 +195,32 @@ pub extern "C" fn Java_dev_pagewise_hugepage_HpAlloc_alloc0(_env: *mut c_void, _
     alloc_raw(size as usize)
 }
 
-/// JNI: `static native int free0(long addr)`; 0 or -errno.
+/// JNI: `static native long tag0(long addr)`: the tag of the live allocation at `addr` (taken
+/// right after `alloc0`, while the caller alone holds the block), or -EINVAL.
 #[no_mangle]
-pub extern "C" fn Java_dev_pagewise_hugepage_HpAlloc_free0(_env: *mut c_void, _cls: *mut c_void, addr: i64) -> i32 {
+pub extern "C" fn Java_dev_pagewise_hugepage_HpAlloc_tag0(_env: *mut c_void, _cls: *mut c_void, addr: i64) -> i64 {
     if addr <= 0 {
+        return -(libc::EINVAL as i64);
+    }
+    guarded(|| match arena() {
+        Ok(a) => a.tag_of(addr as usize as *mut u8).map_or(-(libc::EINVAL as i64), |t| t as i64),
+        Err(e) => -(e as i64),
+    })
+}
+
+/// JNI: `static native int free0(long addr, long tag)`: free the allocation at `addr` only if
+/// it is the one tagged `tag` (a stale free is -ESTALE and changes nothing); 0 or -errno.
+#[no_mangle]
+pub extern "C" fn Java_dev_pagewise_hugepage_HpAlloc_free0(
+    _env: *mut c_void,
+    _cls: *mut c_void,
+    addr: i64,
+    tag: i64,
+) -> i32 {
+    if addr <= 0 || tag <= 0 {
         return -libc::EINVAL;
     }
-    free_raw(addr as usize) as i32
+    free_raw(addr as usize, Some(tag as u64)) as i32
 }
 
 /// JNI: `static native int stats0(long outAddr)`: writes a `struct hp_stats` at `outAddr` (the
@@ -213,9 +279,20 @@ mod tests {
         // SAFETY: NULL is rejected.
         assert_eq!(unsafe { hp_stats(std::ptr::null_mut()) }, -libc::EINVAL);
         assert_eq!(Java_dev_pagewise_hugepage_HpAlloc_alloc0(std::ptr::null_mut(), std::ptr::null_mut(), -5), -22);
-        let a = Java_dev_pagewise_hugepage_HpAlloc_alloc0(std::ptr::null_mut(), std::ptr::null_mut(), 1000);
+        let n = std::ptr::null_mut();
+        let a = Java_dev_pagewise_hugepage_HpAlloc_alloc0(n, n, 1000);
         assert!(a > 0);
-        assert_eq!(Java_dev_pagewise_hugepage_HpAlloc_free0(std::ptr::null_mut(), std::ptr::null_mut(), a), 0);
+        let tag = Java_dev_pagewise_hugepage_HpAlloc_tag0(n, n, a);
+        assert!(tag > 0);
+        assert_eq!(Java_dev_pagewise_hugepage_HpAlloc_free0(n, n, a, tag + 1), -libc::ESTALE);
+        assert_eq!(Java_dev_pagewise_hugepage_HpAlloc_free0(n, n, a, tag), 0);
+        assert_eq!(Java_dev_pagewise_hugepage_HpAlloc_tag0(n, n, a), -(libc::EINVAL as i64));
+        let mut t = 0u64;
+        // SAFETY: t is a writable u64.
+        let p = unsafe { hp_alloc_tagged(2 << 20, &mut t) };
+        assert!(!p.is_null() && t > 0);
+        assert_eq!(hp_free_tagged(p, t + 1), -libc::ESTALE);
+        assert_eq!(hp_free_tagged(p, t), 0);
     }
 
     #[test]

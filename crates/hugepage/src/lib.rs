@@ -55,6 +55,10 @@ pub enum Error {
     /// an argument was rejected.
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// a tagged free named a block that was freed and whose address was handed out again: the
+    /// newer block is left alone.
+    #[error("stale free: {0}")]
+    Stale(String),
 }
 
 impl Error {
@@ -63,6 +67,7 @@ impl Error {
         match self {
             Error::Kernel(e) => e.errno().unwrap_or(libc::EINVAL),
             Error::Collapse(e) => e.errno().unwrap_or(libc::EIO),
+            Error::Stale(_) => libc::ESTALE,
             Error::Track(pagewise_track::Error::Kernel(e)) => e.errno().unwrap_or(libc::EINVAL),
             Error::Track(pagewise_track::Error::Io { source, .. }) | Error::Io { source, .. } => {
                 source.raw_os_error().unwrap_or(libc::EIO)

@@ -41,7 +41,8 @@ fn build_and_run(
     src: &std::path::Path,
     what: &str,
 ) -> std::process::Output {
-    let out = std::env::temp_dir().join(format!("pw-hps-c-{what}-{}", std::process::id()));
+    let scratch = pagewise_kernel::private_dir::PrivateDir::new(&format!("hps-c-{what}")).unwrap();
+    let out = scratch.join("program");
     let cc = Command::new("cc")
         .args(["-std=c11", "-D_GNU_SOURCE", "-Wall", "-Werror", "-O1", "-I"])
         .arg(root.join("include"))

@@ -725,7 +725,8 @@ mod tests {
             assert!(g.stat().unwrap().len() > 5);
             g.refresh_stats().unwrap();
             // Reclaim in the caller's context: fill the group's page cache, then take it back.
-            let file = std::env::temp_dir().join(format!("pw-cg-unit-{}", std::process::id()));
+            let scratch = crate::private_dir::PrivateDir::new("cg-unit").unwrap();
+            let file = scratch.join("data");
             std::fs::write(&file, vec![1u8; 16 << 20]).unwrap();
             std::fs::File::open(&file).unwrap().sync_all().unwrap();
             crate::pagecache::drop_file_cache(&file).unwrap();

@@ -131,7 +131,8 @@ mod tests {
 
     #[test]
     fn an_exclusive_lock_excludes_another_open_file_until_it_is_closed() {
-        let path = std::env::temp_dir().join(format!("pagewise-flock-{}", std::process::id()));
+        let scratch = crate::private_dir::PrivateDir::new("flock-test").unwrap();
+        let path = scratch.join("lock");
         let a = File::create(&path).unwrap();
         lock_exclusive(&a).unwrap();
         let b = File::open(&path).unwrap();

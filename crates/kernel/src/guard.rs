@@ -344,7 +344,8 @@ mod tests {
 
     #[test]
     fn restores_files_newest_first_to_the_first_value() {
-        let dir = std::env::temp_dir().join(format!("pw-guard-{}", std::process::id()));
+        let scratch = crate::private_dir::PrivateDir::new("guard-test").unwrap();
+        let dir = scratch.path().to_path_buf();
         std::fs::create_dir_all(&dir).unwrap();
         let f = dir.join("setting");
         std::fs::write(&f, "always [madvise] never\n").unwrap();
@@ -361,7 +362,8 @@ mod tests {
 
     #[test]
     fn journal_of_a_dead_process_is_replayed() {
-        let dir = std::env::temp_dir().join(format!("pw-journal-{}", std::process::id()));
+        let scratch = crate::private_dir::PrivateDir::new("journal-test").unwrap();
+        let dir = scratch.path().to_path_buf();
         std::fs::create_dir_all(&dir).unwrap();
         let f = dir.join("value");
         std::fs::write(&f, "changed").unwrap();

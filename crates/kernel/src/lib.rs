@@ -24,6 +24,7 @@ pub mod netns;
 pub mod page_idle;
 pub mod pagecache;
 pub mod pagemap_scan;
+pub mod private_dir;
 pub mod probe;
 pub mod procfs;
 pub mod signal;

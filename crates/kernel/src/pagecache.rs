@@ -81,7 +81,8 @@ mod tests {
 
     #[test]
     fn drops_a_files_cache() {
-        let path = std::env::temp_dir().join(format!("pw-pagecache-{}", std::process::id()));
+        let scratch = crate::private_dir::PrivateDir::new("pagecache-test").unwrap();
+        let path = scratch.join("data");
         std::fs::write(&path, vec![7u8; 1 << 20]).unwrap();
         std::fs::File::open(&path).unwrap().sync_all().unwrap();
         let _ = std::fs::read(&path).unwrap();

@@ -386,8 +386,9 @@ mod tests {
     #[test]
     fn a_swap_file_is_refused_on_tmpfs_and_for_bad_sizes() {
         let guard = SettingsGuard::new_without_signal_handler();
-        assert!(SwapFile::create(&guard, "/tmp/pw-bad-size", 12345).is_err());
-        assert!(SwapFile::create(&guard, "/tmp/pw-too-small", 4096 * 4).is_err());
+        let scratch = crate::private_dir::PrivateDir::new("swap-test").unwrap();
+        assert!(SwapFile::create(&guard, scratch.join("bad-size"), 12345).is_err());
+        assert!(SwapFile::create(&guard, scratch.join("too-small"), 4096 * 4).is_err());
         if filesystem_type(Path::new("/dev/shm")).ok() == Some(TMPFS_MAGIC) {
             let e = SwapFile::create(&guard, "/dev/shm/pw-swap-test", 1 << 20).unwrap_err();
             assert!(e.to_string().contains("tmpfs"), "{e}");

@@ -37,6 +37,27 @@ pub fn skip(reason: impl Display) {
     }
 }
 
+/// Run `sh -c script` as user and group `uid`, as another user of the host would (tests that
+/// plant files where Pagewise must not follow them). Returns false, after [`skip`], when this
+/// process cannot switch users (it is not root); panics when the script fails.
+pub fn run_as_user(uid: u32, script: &str) -> bool {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skip("acting as another user needs root");
+        return false;
+    }
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .uid(uid)
+        .gid(uid)
+        .output()
+        .expect("running sh as another user");
+    assert!(out.status.success(), "`{script}` as uid {uid}: {}", String::from_utf8_lossy(&out.stderr));
+    true
+}
+
 /// Append `line` to `path` with O_APPEND and one write(2): lines from test binaries and test
 /// threads running at the same time never interleave (write(2): with O_APPEND "the file offset
 /// is first set to the end of the file before writing. The adjustment of the file offset and
@@ -95,7 +116,8 @@ mod tests {
 
     #[test]
     fn lines_appended_by_concurrent_threads_stay_whole() {
-        let path = std::env::temp_dir().join(format!("pagewise-skiplog-{}", std::process::id()));
+        let scratch = crate::private_dir::PrivateDir::new("skiplog-test").unwrap();
+        let path = scratch.join("skips");
         let _ = std::fs::remove_file(&path);
         std::thread::scope(|s| {
             for t in 0..8 {

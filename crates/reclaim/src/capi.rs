@@ -114,7 +114,8 @@ mod tests {
 
     #[test]
     fn set_core_needs_a_running_daemon_and_a_known_core() {
-        let dir = std::env::temp_dir().join(format!("pw-capi-tree-{}", std::process::id()));
+        let scratch = pagewise_kernel::private_dir::PrivateDir::new("capi-tree-test").unwrap();
+        let dir = scratch.join("tree");
         assert_eq!(set_core_in(&dir, 0, 256, 3300, 4000), -libc::ESRCH);
         let t = tree::Tree::create(&dir, &PerCoreTable::uniform(&[0, 1].into(), 1000)).unwrap();
         assert_eq!(set_core_in(&dir, 1, 256, 3300, 4000), 0);

@@ -159,7 +159,8 @@ mod tests {
 
     #[test]
     fn writes_are_applied_and_bad_ones_refused() {
-        let dir = std::env::temp_dir().join(format!("pw-tree-{}", std::process::id()));
+        let scratch = pagewise_kernel::private_dir::PrivateDir::new("tree-test").unwrap();
+        let dir = scratch.join("tree");
         let mut table = PerCoreTable::uniform(&BTreeSet::from([0, 1]), 3831);
         let mut tree = Tree::create(&dir, &table).unwrap();
         assert_eq!(running_daemon(&dir), Some(std::process::id() as i32));

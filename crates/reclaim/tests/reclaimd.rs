@@ -39,8 +39,10 @@ struct TempFile(PathBuf);
 
 impl TempFile {
     fn new(tag: &str, mb: usize) -> Self {
-        let dir = PathBuf::from(format!("/var/tmp/pagewise-reclaim-test-{}-{tag}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        // A private directory (mkdtemp) on disk; removed with the file on drop.
+        let dir = pagewise_kernel::private_dir::PrivateDir::new_in("/var/tmp", &format!("reclaim-test-{tag}"))
+            .unwrap()
+            .keep();
         let path = dir.join("data");
         let chunk = vec![0xa5u8; 1 << 20];
         let mut f = std::fs::File::create(&path).unwrap();
@@ -276,7 +278,8 @@ fn the_guard_restores_every_setting_and_the_tree_goes_away() {
     }
     let before_min = read_vm_sysctl("min_free_kbytes").unwrap();
     let before_vfs = read_vm_sysctl("vfs_cache_pressure").unwrap();
-    let tree = std::env::temp_dir().join(format!("pw-reclaim-tree-{}", std::process::id()));
+    let scratch = pagewise_kernel::private_dir::PrivateDir::new("reclaim-tree-test").unwrap();
+    let tree = scratch.join("tree");
     let limit;
     let cgpath;
     {

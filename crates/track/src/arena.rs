@@ -96,7 +96,9 @@ impl TrackedArena {
             if h & 1 != 0 {
                 let n = page.min(len - i * page);
                 // SAFETY: both ranges are the caller's and the alias's, inside their bounds.
-                unsafe { std::ptr::copy_nonoverlapping((from + i * page) as *const u8, (dst + i * page) as *mut u8, n) };
+                unsafe {
+                    std::ptr::copy_nonoverlapping((from + i * page) as *const u8, (dst + i * page) as *mut u8, n)
+                };
             }
         }
         Ok(())

@@ -229,7 +229,8 @@ mod tests {
 
     #[test]
     fn files_of_dead_processes_are_removed_and_others_kept() {
-        let dir = std::env::temp_dir().join(format!("pagewise-acs-test-{}", std::process::id()));
+        let scratch = pagewise_kernel::private_dir::PrivateDir::new("acs-test").unwrap();
+        let dir = scratch.path().to_path_buf();
         std::fs::create_dir_all(&dir).unwrap();
         // A child that has exited and been reaped: its pid names no process (until reused,
         // which within this test is vanishingly unlikely).

@@ -6,7 +6,7 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::run::ShimFile;
+use crate::run::EmbeddedFile;
 
 /// pmix/pmix_exchange.c, compiled by build.rs.
 static PMIX_EXCHANGE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libpagewise_pmix.so"));
@@ -70,8 +70,8 @@ unsafe fn symbol<T: Copy>(handle: *mut c_void, name: &str) -> Result<T> {
 impl Pmix {
     /// Load the exchange and connect to the launcher's PMIx server.
     pub fn init() -> Result<Self> {
-        let file = ShimFile::create_from(PMIX_EXCHANGE, "pagewise-pmix")?;
-        let path = CString::new(file.0.as_os_str().as_encoded_bytes()).context("temporary path with a NUL")?;
+        let file = EmbeddedFile::write(PMIX_EXCHANGE, "pmix_exchange.so")?;
+        let path = CString::new(file.path.as_os_str().as_encoded_bytes()).context("temporary path with a NUL")?;
         // SAFETY: path is NUL-terminated; the object's constructors are PMIx's own.
         let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
         // The mapping outlives the file.

@@ -33,9 +33,7 @@ pub fn compile(name: &str, dir: &Path) -> PathBuf {
     out
 }
 
-/// A scratch directory of this test process.
-pub fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pagewise-run-test-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A private scratch directory of this test (mkdtemp), removed when dropped.
+pub fn tempdir(tag: &str) -> pagewise_kernel::private_dir::PrivateDir {
+    pagewise_kernel::private_dir::PrivateDir::new(&format!("run-test-{tag}")).unwrap()
 }

@@ -99,6 +99,7 @@ impl Dlm {
             None => st.areas.push(Some(area)),
         }
         st.stats.areas += 1;
+        crate::signals::publish(addr, bytes);
         Ok(addr as *mut u8)
     }
 
@@ -213,6 +214,7 @@ impl Inner {
     /// Give back what an area holds besides its view: its kept frames (the shadow goes with
     /// `area`) and its regions on the servers.
     pub(super) fn release_area(&self, st: &mut State, area: Area) -> Result<(), DlmError> {
+        crate::signals::withdraw(area.addr);
         // The FREEs below are synchronous: the replies owed before them are taken first.
         self.drain_all(st);
         if let Some(sh) = &area.shadow {

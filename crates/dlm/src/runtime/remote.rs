@@ -83,6 +83,41 @@ impl Sent {
     }
 }
 
+/// Longest error message a reply may carry; longer is a broken or hostile server.
+const MAX_ERROR_MESSAGE: u32 = 4096;
+/// Longest STATS reply accepted (a few hundred bytes of JSON in practice).
+const MAX_STATS_REPLY: u32 = 64 << 10;
+
+impl Sent {
+    /// Why `rep` cannot be the reply to this synchronous request (ALLOC, FREE, STATS, or a
+    /// READ outside the fault path), if it cannot: the checks of [`Sent::mismatch`] — except the region of ALLOC's reply,
+    /// which names the new region — and a bound on the length for each kind of reply, so a
+    /// broken or hostile server gets a clear error instead of making us allocate what its
+    /// length field asks for (issue 23).
+    fn sync_mismatch(&self, rep: &Header, op: Opcode) -> Option<&'static str> {
+        let limit = match (rep.status == Status::Ok as u16, op) {
+            (false, _) => MAX_ERROR_MESSAGE,
+            (true, Opcode::Stats) => MAX_STATS_REPLY,
+            // A synchronous READ (`fetch_into`) checks the exact length against its pages.
+            (true, Opcode::Read) => crate::proto::MAX_PAYLOAD,
+            (true, _) => 0,
+        };
+        if rep.length > limit {
+            return Some(if rep.status == Status::Ok as u16 {
+                "reply longer than its request allows"
+            } else {
+                "error reply with a message longer than 4 KiB"
+            });
+        }
+        let region = if op == Opcode::Alloc { rep.region } else { self.region };
+        let why = Sent { region, ..*self }.mismatch(rep, op, rep.length as usize);
+        if why.is_none() && op == Opcode::Alloc && rep.status == Status::Ok as u16 && rep.region == 0 {
+            return Some("ALLOC reply naming no region");
+        }
+        why
+    }
+}
+
 pub(super) struct Conn {
     pub(super) t: Box<dyn Transport>,
     pub(super) addr: String,
@@ -330,6 +365,7 @@ impl State {
         h.length = payload.len() as u32;
         c.t.send(&h, payload).map_err(|e| self.lost(srv, e))?;
         let rep = self.conns[srv].t.recv_header().map_err(|e| self.lost(srv, e))?;
+        self.check_sync_reply(srv, &h, &rep)?;
         if rep.status != 0 {
             let mut body = vec![0u8; rep.length as usize];
             self.conns[srv].t.recv_payload(&mut body).map_err(|e| self.lost(srv, e))?;
@@ -340,6 +376,23 @@ impl State {
             });
         }
         Ok(rep)
+    }
+
+    /// Check a synchronous reply against its request ([`Sent::sync_mismatch`]). A mismatch
+    /// leaves the connection out of step, so it is an error naming the server, and nothing
+    /// of the reply is read.
+    fn check_sync_reply(&self, srv: usize, req: &Header, rep: &Header) -> Result<(), DlmError> {
+        let Some(op) = Opcode::from_u8(req.opcode) else { return Ok(()) };
+        match Sent::of(req).sync_mismatch(rep, op) {
+            None => Ok(()),
+            Some(why) => Err(DlmError::Server {
+                server: self.conns[srv].addr.clone(),
+                detail: format!(
+                    "{why} (got opcode {:#x} status {} id {} region {} length {}; sent {op:?} id {} region {})",
+                    rep.opcode, rep.status, rep.request_id, rep.region, rep.length, req.request_id, req.region
+                ),
+            }),
+        }
     }
 
     pub(super) fn call(&mut self, srv: usize, h: Header, payload: &[u8]) -> Result<Header, DlmError> {

@@ -2,10 +2,46 @@
 //! running one scenario each (the DLM runtime is one per process and installs signal handlers).
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::Once;
+use std::sync::{Once, OnceLock};
+
+use pagewise_dlm::auth::{Secret, NONCE_LEN, PROOF_LEN, SECRET_ENV};
+use pagewise_dlm::proto::{Header, Opcode, Status, HEADER_LEN};
+
+/// The shared secret of this test process's servers and clients (handed to both through the
+/// environment, as `pagewise run` does).
+pub fn secret() -> &'static Secret {
+    static SECRET: OnceLock<Secret> = OnceLock::new();
+    SECRET.get_or_init(|| Secret::generate().expect("getrandom"))
+}
+
+/// The server's half of the handshake, for the tests' own misbehaving servers: answer HELLO
+/// with a proof of [`secret`] and accept the client's AUTH. Panics on anything else.
+pub fn accept_handshake(s: &mut TcpStream) {
+    let read_msg = |s: &mut TcpStream, op: Opcode| -> (Header, Vec<u8>) {
+        let mut b = [0u8; HEADER_LEN];
+        s.read_exact(&mut b).expect("handshake header");
+        let h = Header::decode(&b);
+        assert_eq!(h.opcode, op as u8, "expected {op:?}");
+        let mut p = vec![0u8; h.length as usize];
+        s.read_exact(&mut p).expect("handshake payload");
+        (h, p)
+    };
+    let (hello, client_nonce) = read_msg(s, Opcode::Hello);
+    let client_nonce: [u8; NONCE_LEN] = client_nonce.try_into().expect("nonce");
+    let server_nonce = [7u8; NONCE_LEN];
+    let mut body = server_nonce.to_vec();
+    body.extend_from_slice(&secret().server_proof(&client_nonce, &server_nonce));
+    s.write_all(&Header::reply_to(&hello, Status::Ok, body.len() as u32).encode()).unwrap();
+    s.write_all(&body).unwrap();
+    let (auth, proof) = read_msg(s, Opcode::Auth);
+    assert_eq!(proof.len(), PROOF_LEN);
+    assert!(secret().verify_client(&client_nonce, &server_nonce, &proof), "the client's proof");
+    s.write_all(&Header::reply_to(&auth, Status::Ok, 0).encode()).unwrap();
+}
 
 /// target/release/pagewise next to the test binary (built on first use if missing).
 pub fn pagewise_bin() -> PathBuf {
@@ -37,9 +73,16 @@ impl ServerProc {
     }
 
     /// Start through `cmd` (e.g. `ip netns exec NS pagewise`), listening on `listen`.
-    pub fn start_with(mut cmd: Command, listen: &str, capacity: &str) -> Self {
+    pub fn start_with(cmd: Command, listen: &str, capacity: &str) -> Self {
+        Self::start_with_args(cmd, listen, capacity, &[])
+    }
+
+    /// As [`ServerProc::start_with`], with more `dlm-server` flags.
+    pub fn start_with_args(mut cmd: Command, listen: &str, capacity: &str, extra: &[&str]) -> Self {
         let mut child = cmd
             .args(["dlm-server", "--listen", listen, "--capacity", capacity, "--json", "--verbose"])
+            .args(extra)
+            .env(SECRET_ENV, secret().as_env_value())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -94,7 +137,9 @@ impl Drop for ServerProc {
 pub fn run_child(name: &str, env: &[(&str, String)]) -> Output {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = Command::new(exe);
-    cmd.args(["--exact", name, "--nocapture", "--test-threads=1"]).env("DLM_CHILD", "1");
+    cmd.args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env("DLM_CHILD", "1")
+        .env(SECRET_ENV, secret().as_env_value());
     for (k, v) in env {
         cmd.env(k, v);
     }

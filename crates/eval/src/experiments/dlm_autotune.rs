@@ -9,6 +9,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use pagewise_dlm::auth::Secret;
 use pagewise_dlm::process::pagewise_binary;
 use pagewise_dlm::tune::format_table;
 use pagewise_dlm::{Config, Dlm};
@@ -34,6 +35,7 @@ struct Run {
 #[allow(clippy::too_many_arguments)]
 fn run_one(
     servers: &[String],
+    secret: &Secret,
     n: usize,
     base: usize,
     max_set: u32,
@@ -48,6 +50,7 @@ fn run_one(
     };
     let cfg = Config {
         servers: servers.to_vec(),
+        secret: Some(secret.clone()),
         local_mem: local,
         base_page: base,
         max_set,
@@ -121,7 +124,8 @@ impl Experiment for DlmAutotune {
         let total = n * n * n * 8 * ARRAYS;
         // Two servers: on this host, or with --net on two testbed hosts of their own.
         let hosts = ServerHosts::new(ctx.net, 2)?;
-        let servers = [hosts.spawn(&bin, "4G")?, hosts.spawn(&bin, "4G")?];
+        let secret = Secret::generate()?;
+        let servers = [hosts.spawn(&bin, "4G", &secret)?, hosts.spawn(&bin, "4G", &secret)?];
         // The solver on one CPU, both servers on the other (dlm-fault's cross-core placement).
         // Left to the scheduler the three met on one CPU now and then: runs of one configuration
         // took from 0.04 to 0.16 s.
@@ -161,7 +165,7 @@ impl Experiment for DlmAutotune {
                         ctx.tick();
                         continue;
                     }
-                    let run = run_one(&addrs, n, base, max_set, *c, local, iterations, budget)?;
+                    let run = run_one(&addrs, &secret, n, base, max_set, *c, local, iterations, budget)?;
                     if run.finished {
                         match reference {
                             None => reference = Some(run.checksum),

@@ -34,6 +34,7 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 use anyhow::Context as _;
+use pagewise_dlm::auth::Secret;
 use pagewise_dlm::process::pagewise_binary;
 use pagewise_dlm::proto::{Header, Opcode};
 use pagewise_dlm::transport::{TcpTransport, Transport};
@@ -65,7 +66,7 @@ enum Way {
 }
 
 /// How the runtime installs fetched pages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum Install {
     /// The default: received into kept frames moved into place (UFFDIO_MOVE).
     Move,
@@ -93,6 +94,62 @@ impl Way {
     }
 }
 
+/// A memory server to measure against: its address and the secret it expects.
+struct Peer {
+    addr: String,
+    secret: Secret,
+}
+
+/// A measurement for a process of its own ([`in_dlm_process`]), sent on its stdin.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Job {
+    addr: String,
+    /// The server's secret (on stdin, never in argv).
+    secret: String,
+    mode: String,
+    install: Install,
+    what: JobKind,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+enum JobKind {
+    Faults { size: usize, n: usize, seed: u64 },
+    Stream { bytes: usize },
+}
+
+/// The environment variable that makes `pagewise` run one [`Job`] (read from stdin, result as
+/// JSON on stdout) instead of its command line: see [`child_job_if_asked`].
+pub const CHILD_JOB_ENV: &str = "PAGEWISE_EVAL_DLM_FAULT_JOB";
+
+/// Run the dlm-fault measurement this process was started for, if it was (`pagewise`'s main
+/// calls this first, while the process still has one thread): Some(exit code) then.
+pub fn child_job_if_asked() -> Option<std::process::ExitCode> {
+    std::env::var_os(CHILD_JOB_ENV)?;
+    let run = || -> anyhow::Result<String> {
+        let job: Job = serde_json::from_reader(std::io::stdin().lock()).context("reading the job")?;
+        let server = Peer { addr: job.addr, secret: Secret::new(job.secret)? };
+        let mode = FaultMode::parse(&job.mode)?;
+        Ok(match job.what {
+            JobKind::Faults { size, n, seed } => serde_json::to_string(
+                &fault_latency(&server, mode, job.install, size, n, seed).map_err(|e| format!("{e:#}")),
+            )?,
+            JobKind::Stream { bytes } => serde_json::to_string(
+                &stream_dlm_here(&server, mode, job.install, bytes).map_err(|e| format!("{e:#}")),
+            )?,
+        })
+    };
+    Some(match run() {
+        Ok(json) => {
+            println!("{json}");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("pagewise: dlm-fault job: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    })
+}
+
 /// A raw protocol client: one region on the server, filled with data.
 struct Raw {
     t: TcpTransport,
@@ -103,8 +160,8 @@ struct Raw {
 impl Raw {
     /// `busy_poll`: wait for replies as DLM's transport does (spin, then block) rather than
     /// with plain blocking reads.
-    fn new(addr: &str, bytes: usize, busy_poll: bool) -> anyhow::Result<Self> {
-        let mut t = TcpTransport::connect(addr)?;
+    fn new(server: &Peer, bytes: usize, busy_poll: bool) -> anyhow::Result<Self> {
+        let mut t = TcpTransport::open(&server.addr, Some(&server.secret), None)?;
         if !busy_poll {
             t = t.with_spin(std::time::Duration::ZERO);
         }
@@ -156,7 +213,7 @@ impl Raw {
 
 #[allow(clippy::too_many_arguments)]
 fn dlm_config(
-    server: &str,
+    server: &Peer,
     mode: FaultMode,
     install: Install,
     base: usize,
@@ -166,7 +223,8 @@ fn dlm_config(
     ra: usize,
 ) -> Config {
     Config {
-        servers: vec![server.to_string()],
+        servers: vec![server.addr.clone()],
+        secret: Some(server.secret.clone()),
         local_mem: local,
         base_page: base,
         max_set,
@@ -189,17 +247,42 @@ fn populate(dlm: &Dlm, base: *mut u8, bytes: usize) {
     dlm.evict_all();
 }
 
-/// Run a DLM client measurement in a forked child with one thread, as a DLM program is: the
-/// runtime moves received pages in only for a program with one thread (runtime/frames.rs),
-/// and this process has a progress thread.
-fn in_dlm_process<T: serde::Serialize + serde::de::DeserializeOwned>(
-    f: impl FnOnce() -> anyhow::Result<T>,
+/// Run a DLM client measurement in a process of its own with one thread, as a DLM program
+/// is: the runtime moves received pages in only for a program with one thread
+/// (runtime/frames.rs), and this process has a progress thread. The process is a fresh
+/// `pagewise` ([`child_job_if_asked`]), not a fork of this one: after fork(2) in a threaded
+/// process only async-signal-safe work is allowed (`kernel::fork`), and a DLM runtime is far
+/// more than that.
+fn in_dlm_process<T: serde::de::DeserializeOwned>(
+    server: &Peer,
+    mode: FaultMode,
+    install: Install,
+    what: JobKind,
 ) -> anyhow::Result<T> {
-    let bytes = pagewise_kernel::fork::in_single_threaded_child(|| {
-        let r: Result<T, String> = f().map_err(|e| format!("{e:#}"));
-        serde_json::to_vec(&r).unwrap_or_default()
-    })?;
-    let r: Result<T, String> = serde_json::from_slice(&bytes).context("reading the measurement's result")?;
+    use std::io::Write as _;
+    let job = Job {
+        addr: server.addr.clone(),
+        secret: server.secret.as_env_value().to_string_lossy().into_owned(),
+        mode: mode.name().to_string(),
+        install,
+        what,
+    };
+    let mut child = std::process::Command::new(pagewise_binary()?)
+        .env(CHILD_JOB_ENV, "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("starting the measurement's process")?;
+    child.stdin.take().expect("piped").write_all(&serde_json::to_vec(&job)?)?;
+    let out = child.wait_with_output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "the measurement's process failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Result<T, String> = serde_json::from_slice(&out.stdout).context("reading the measurement's result")?;
     r.map_err(|e| anyhow::anyhow!(e))
 }
 
@@ -236,14 +319,14 @@ struct FaultRun {
 
 /// [`fault_latency`] in its own single-threaded process.
 fn fault_latency_in_child(
-    server: &str,
+    server: &Peer,
     mode: FaultMode,
     install: Install,
     size: usize,
     n: usize,
     seed: u64,
 ) -> anyhow::Result<WayRun> {
-    let run: FaultRun = in_dlm_process(|| fault_latency(server, mode, install, size, n, seed))?;
+    let run: FaultRun = in_dlm_process(server, mode, install, JobKind::Faults { size, n, seed })?;
     let hist = |ns: &[u64]| {
         let mut l = Latency::new();
         ns.iter().for_each(|&x| l.record_ns(x));
@@ -268,7 +351,7 @@ fn fault_latency_in_child(
 /// busy-poll request/reply of `size` bytes into one buffer (the headline baseline, paired),
 /// and of first writes.
 fn fault_latency(
-    server: &str,
+    server: &Peer,
     mode: FaultMode,
     install: Install,
     size: usize,
@@ -333,7 +416,7 @@ fn figure_max(report: &mut Report, key: &str, value: f64) {
 /// Latency of `n` READs of random units of `size` bytes; `cold`: each received into the unit's
 /// place in an area of all units (written once first, so no page is missing), else into one
 /// buffer that stays in the cache.
-fn pingpong(server: &str, size: usize, n: usize, seed: u64, busy_poll: bool, cold: bool) -> anyhow::Result<Latency> {
+fn pingpong(server: &Peer, size: usize, n: usize, seed: u64, busy_poll: bool, cold: bool) -> anyhow::Result<Latency> {
     let units = n.max(8);
     let mut raw = Raw::new(server, units * size, busy_poll)?;
     let mut area = vec![1u8; if cold { units * size } else { size }];
@@ -353,16 +436,16 @@ fn pingpong(server: &str, size: usize, n: usize, seed: u64, busy_poll: bool, col
 /// GB/s of touching one word per 4 KiB through an area 4× the local limit, in its own
 /// single-threaded process (`in_dlm_process`), and the runtime's statistics.
 fn stream_dlm(
-    server: &str,
+    server: &Peer,
     mode: FaultMode,
     install: Install,
     bytes: usize,
 ) -> anyhow::Result<(f64, serde_json::Value)> {
-    in_dlm_process(|| stream_dlm_here(server, mode, install, bytes))
+    in_dlm_process(server, mode, install, JobKind::Stream { bytes })
 }
 
 fn stream_dlm_here(
-    server: &str,
+    server: &Peer,
     mode: FaultMode,
     install: Install,
     bytes: usize,
@@ -385,7 +468,7 @@ fn stream_dlm_here(
 }
 
 /// GB/s of pipelined 1 MiB READs from the server (8 in flight).
-fn stream_tcp(server: &str, bytes: usize) -> anyhow::Result<f64> {
+fn stream_tcp(server: &Peer, bytes: usize) -> anyhow::Result<f64> {
     let chunk = 1 << 20;
     let mut raw = Raw::new(server, bytes, true)?;
     let mut buf = vec![0u8; chunk];
@@ -508,9 +591,10 @@ impl Experiment for DlmFault {
             let _on_client = hosts.enter_client()?;
             for pl in &placements {
                 cpu::pin_to(pl.client)?;
-                let server = hosts.spawn(&bin, "4G")?;
+                let secret = Secret::generate()?;
+                let server = hosts.spawn(&bin, "4G", &secret)?;
                 cpu::set_affinity_of(server.pid() as i32, &BTreeSet::from([pl.server]))?;
-                let addr = server.addr.clone();
+                let addr = Peer { addr: server.addr.clone(), secret };
                 ctx.message(format!("{}: faults", pl.name));
                 let mut pts: Vec<Vec<(f64, f64)>> = vec![Vec::new(); ways.len()];
                 for &size in &sizes {

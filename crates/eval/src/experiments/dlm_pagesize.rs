@@ -19,6 +19,7 @@
 
 use std::time::{Duration, Instant};
 
+use pagewise_dlm::auth::Secret;
 use pagewise_dlm::process::{pagewise_binary, ServerProcess};
 use pagewise_dlm::{Config, Dlm};
 use serde_json::json;
@@ -165,6 +166,7 @@ enum Cell {
 
 fn run_cell(
     servers: &[String],
+    secret: &Secret,
     n: usize,
     page: usize,
     local: usize,
@@ -178,6 +180,7 @@ fn run_cell(
     }
     let cfg = Config {
         servers: servers.to_vec(),
+        secret: Some(secret.clone()),
         local_mem: local,
         base_page: page,
         max_set: 1,
@@ -237,7 +240,8 @@ impl Experiment for DlmPagesize {
         );
         let ratios = [100usize, 75, 50, 25, 10, 5];
         let total = n * n * n * 8 * ARRAYS;
-        let servers = [ServerProcess::spawn(&bin, "4G")?, ServerProcess::spawn(&bin, "4G")?];
+        let secret = Secret::generate()?;
+        let servers = [ServerProcess::spawn(&bin, "4G", &secret)?, ServerProcess::spawn(&bin, "4G", &secret)?];
         let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
         ctx.start_progress((pages.len() * ratios.len() * reps) as u64, "cells");
         let mut headers = vec!["page".to_string()];
@@ -264,7 +268,7 @@ impl Experiment for DlmPagesize {
             let mut k = 0;
             for &page in &pages {
                 for &r in &ratios {
-                    let cell = run_cell(&addrs, n, page, local_of(page, r), iterations, budget)?;
+                    let cell = run_cell(&addrs, &secret, n, page, local_of(page, r), iterations, budget)?;
                     ctx.tick();
                     if let Cell::Ran { checksum, .. } = &cell {
                         match reference {

@@ -198,14 +198,13 @@ struct Program {
 
 impl Program {
     fn compile() -> anyhow::Result<Self> {
-        // One directory per compile (tests compile it in parallel in one process).
-        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("pagewise-dlm-vs-swap-{}-{k}", std::process::id()));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let src = dir.join("bt_like.c");
-        std::fs::write(&src, SOURCE).with_context(|| format!("writing {}", src.display()))?;
-        let bin = dir.join("bt_like");
+        // A private directory per compile (mkdtemp, 0700): the program is run as root, so no
+        // other user may plant it or its source (issue 23).
+        let scratch = pagewise_kernel::private_dir::PrivateDir::new("dlm-vs-swap")?;
+        let src = scratch.join("bt_like.c");
+        std::io::Write::write_all(&mut pagewise_kernel::private_dir::create_new_file(&src, 0o600)?, SOURCE.as_bytes())
+            .with_context(|| format!("writing {}", src.display()))?;
+        let bin = scratch.join("bt_like");
         let out = Command::new("cc")
             .args(["-O2", "-o"])
             .arg(&bin)
@@ -213,7 +212,7 @@ impl Program {
             .output()
             .context("running cc (a C compiler is needed to build the test program)")?;
         ensure!(out.status.success(), "cc {} failed:\n{}", src.display(), String::from_utf8_lossy(&out.stderr));
-        Ok(Program { dir, bin })
+        Ok(Program { dir: scratch.keep(), bin })
     }
 }
 
@@ -507,6 +506,35 @@ impl Experiment for DlmVsSwap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Directories another user (uid 65534) made at the names the old code used —
+    /// `pagewise-dlm-vs-swap-{pid}-{k}` in the temporary directory, holding symlinks named like
+    /// the source and the program to a file of ours — are neither written through nor used:
+    /// the program that runs as root is built in a private directory (issue 23).
+    #[test]
+    fn the_program_is_built_in_a_private_directory_whatever_was_planted() {
+        use std::os::unix::fs::MetadataExt;
+        let ours = pagewise_kernel::private_dir::PrivateDir::new("victim").unwrap();
+        let victim = ours.join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        let base = std::env::temp_dir().join(format!("pagewise-dlm-vs-swap-{}", std::process::id()));
+        let script = format!(
+            "for k in $(seq 0 31); do d='{b}'-$k; mkdir -m 0777 \"$d\" && ln -s '{v}' \"$d/bt_like.c\" && ln -s '{v}' \"$d/bt_like\" || exit 1; done",
+            b = base.display(),
+            v = victim.display()
+        );
+        let planted = pagewise_kernel::testing::run_as_user(65534, &script);
+        let program = planted.then(Program::compile);
+        for k in 0..32 {
+            let _ = std::fs::remove_dir_all(format!("{}-{k}", base.display()));
+        }
+        let Some(program) = program else { return };
+        let program = program.unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious", "written through a planted symlink");
+        let meta = std::fs::symlink_metadata(&program.dir).unwrap();
+        assert_eq!((meta.uid(), meta.mode() & 0o7777), (0, 0o700), "{}", program.dir.display());
+        assert!(program.bin.starts_with(&program.dir) && program.bin.is_file());
+    }
 
     #[test]
     fn program_output_parses_and_bad_output_is_refused() {

@@ -81,7 +81,10 @@ pub(crate) fn compare(ctx: &Context, pagewise: &Path, mode: Mode) -> anyhow::Res
     let (plain_bin, lib_bin) = compile(scratch.path(), pagewise)?;
     let arrays = (n * n * n * 8) as u64 * ARRAYS;
     let budget = Duration::from_secs(mode.pick(120, 900));
-    let servers = [ServerProcess::spawn(pagewise, "8G")?, ServerProcess::spawn(pagewise, "8G")?];
+    // The library build's servers take a secret of this comparison, handed to the program in
+    // its environment (never argv); `pagewise run` makes its own.
+    let secret = pagewise_dlm::auth::Secret::generate()?;
+    let servers = [ServerProcess::spawn(pagewise, "8G", &secret)?, ServerProcess::spawn(pagewise, "8G", &secret)?];
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let mut reference: Option<String> = None;
     let mut out = PathComparison { n, cases: Vec::new() };
@@ -110,6 +113,7 @@ pub(crate) fn compare(ctx: &Context, pagewise: &Path, mode: Mode) -> anyhow::Res
                     let (base, sets) = unit_layout(unit);
                     let mut c = job.command(pagewise, &Wrap::Plain);
                     c.env("PAGEWISE_DLM_SERVERS", addrs.join(","))
+                        .env(pagewise_dlm::auth::SECRET_ENV, secret.as_env_value())
                         .env("PAGEWISE_DLM_LOCAL_MEM", local.to_string())
                         .env("PAGEWISE_DLM_PAGE_SIZE", base.to_string())
                         .env("PAGEWISE_DLM_MAX_SET", sets.to_string())

@@ -56,8 +56,15 @@ public final class HpAlloc {
   /** hp_alloc(size): the address, or -errno. */
   static native long alloc0(long size);
 
-  /** hp_free(addr): 0 or -errno. */
-  static native int free0(long addr);
+  /** The tag of the live allocation at addr (take it right after alloc0), or -errno. */
+  static native long tag0(long addr);
+
+  /**
+   * hp_free_tagged(addr, tag): frees the allocation at addr only if it is the one tagged tag;
+   * 0, -ESTALE (116) for a stale free — that block is gone and its address holds a newer one,
+   * which is left alone — or another -errno.
+   */
+  static native int free0(long addr, long tag);
 
   /** hp_stats into the struct hp_stats at outAddr: 0 or -errno. */
   static native int stats0(long outAddr);

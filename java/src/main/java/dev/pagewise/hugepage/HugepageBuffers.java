@@ -96,12 +96,17 @@ public final class HugepageBuffers {
     if (addr < 0) {
       throw new OutOfMemoryError("hp_alloc(" + size + ") failed: errno " + (-addr));
     }
+    // The block's tag: every free names it, so a free that comes late (a Cleaner registered
+    // before a failure below, which then runs after this path freed the block and the address
+    // went to another buffer) cannot free someone else's memory.
+    long tag = HpAlloc.tag0(addr);
     ByteBuffer buf;
+    Free free = new Free(addr, tag);
     try {
       buf = (ByteBuffer) DBB_CTOR.newInstance(addr, size);
-      DBB_CLEANER.set(buf, CLEANER_CREATE.invoke(null, buf, new Free(addr)));
+      DBB_CLEANER.set(buf, CLEANER_CREATE.invoke(null, buf, free));
     } catch (ReflectiveOperationException | RuntimeException e) {
-      HpAlloc.free0(addr);
+      free.run();
       throw new IllegalStateException("building a hugepage ByteBuffer failed", e);
     }
     ALLOCATED.incrementAndGet();
@@ -131,14 +136,16 @@ public final class HugepageBuffers {
 
   private static final class Free implements Runnable {
     private final long addr;
+    private final long tag;
 
-    Free(long addr) {
+    Free(long addr, long tag) {
       this.addr = addr;
+      this.tag = tag;
     }
 
     @Override
     public void run() {
-      int rc = HpAlloc.free0(addr);
+      int rc = HpAlloc.free0(addr, tag);
       if (rc != 0) {
         System.err.println("pagewise: hp_free(0x" + Long.toHexString(addr) + ") failed: errno " + (-rc));
       } else {

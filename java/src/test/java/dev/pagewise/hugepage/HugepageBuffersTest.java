@@ -72,4 +72,29 @@ class HugepageBuffersTest {
     assertThrows(IllegalArgumentException.class, () -> HugepageBuffers.free(b.slice()));
     HugepageBuffers.free(b);
   }
+
+  /** ESTALE on Linux. */
+  private static final int ESTALE = 116;
+
+  /**
+   * A late free of a block whose address was handed out again (a Cleaner run twice, a second
+   * owner) names the old block's tag and is refused: the newer block stays live (issue 23).
+   */
+  @Test
+  void aStaleFreeOfARecycledAddressLeavesTheNewBlockAlone() {
+    assertTrue(HugepageBuffers.available(), HugepageBuffers.unavailableReason());
+    long live = HugepageBuffers.stats().liveAllocations();
+    long a = HpAlloc.alloc0(3 << 20);
+    long oldTag = HpAlloc.tag0(a);
+    assertTrue(a > 0 && oldTag > 0);
+    assertEquals(0, HpAlloc.free0(a, oldTag));
+    // The arena hands freed regions out first: usually the same address again.
+    long b = HpAlloc.alloc0(3 << 20);
+    long newTag = HpAlloc.tag0(b);
+    assertTrue(b > 0 && newTag > 0 && newTag != oldTag);
+    assertEquals(-ESTALE, HpAlloc.free0(b, oldTag), "a stale free must not free the newer block");
+    assertEquals(live + 1, HugepageBuffers.stats().liveAllocations());
+    assertEquals(0, HpAlloc.free0(b, newTag));
+    assertEquals(live, HugepageBuffers.stats().liveAllocations());
+  }
 }
