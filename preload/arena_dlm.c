@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <sys/mman.h>
 
+#include "../include/pagewise/dlm.h"
 #include "arena.h"
 #include "shim.h"
 
@@ -23,6 +24,7 @@ static int (*p_detach)(void *, size_t);
 static int (*p_prefetch)(void *, size_t);
 static int (*p_set_access)(void *, size_t, int);
 static int (*p_finish)(void);
+static int (*p_stats)(struct dlm_stats *);
 
 #define SYM(var, name)                                                                                                 \
     do {                                                                                                               \
@@ -43,6 +45,7 @@ static int dlm_arena_init(void *lib) {
     SYM(p_prefetch, "dlm_prefetch");
     SYM(p_set_access, "dlm_set_access");
     SYM(p_finish, "dlm_finish");
+    SYM(p_stats, "dlm_stats");
     return p_init(NULL);
 }
 
@@ -101,6 +104,24 @@ static int dlm_arena_detach(void *addr, size_t len) { return p_detach(addr, len)
 static int dlm_arena_prefetch(void *addr, size_t len) { return p_prefetch(addr, len); }
 static void dlm_arena_finish(void) { p_finish(); }
 
+/* What the paging cost: the end-of-run line a user reads to see whether local memory was
+ * enough (faults and fetches) and what the unit size moved (bytes fetched). */
+static int dlm_arena_summary(char *buf, size_t n) {
+    struct dlm_stats s;
+    int rc = p_stats(&s);
+    if (rc < 0)
+        return rc;
+    snprintf(buf, n,
+             "dlm: %llu fault(s) (%llu first write(s)), %llu unit(s) fetched (%llu MiB, %llu read ahead), %llu "
+             "zero-filled, %llu evicted (%llu written back, %llu MiB); local peak %.1f of %.1f MiB",
+             (unsigned long long)s.faults, (unsigned long long)s.wp_faults, (unsigned long long)s.fetched_units,
+             (unsigned long long)(s.fetched_bytes >> 20), (unsigned long long)s.readahead_units,
+             (unsigned long long)s.zero_units, (unsigned long long)s.evictions, (unsigned long long)s.writebacks,
+             (unsigned long long)(s.writeback_bytes >> 20), (double)s.peak_resident_bytes / (1 << 20),
+             (double)s.local_limit / (1 << 20));
+    return 0;
+}
+
 const struct pw_arena pw_arena_dlm = {
     .name = "dlm",
     .init = dlm_arena_init,
@@ -113,5 +134,6 @@ const struct pw_arena pw_arena_dlm = {
     .detach = dlm_arena_detach,
     .prefetch = dlm_arena_prefetch,
     .advise = dlm_arena_advise,
+    .summary = dlm_arena_summary,
     .finish = dlm_arena_finish,
 };

@@ -14,6 +14,7 @@ fn main() {
     for f in sources.iter().chain(["arena.h", "shim.h", "ranges.h"].iter()) {
         println!("cargo:rerun-if-changed={}", root.join(f).display());
     }
+    println!("cargo:rerun-if-changed={}", root.join("../include/pagewise/dlm.h").display());
     println!("cargo:rerun-if-env-changed=CC");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)

@@ -8,16 +8,24 @@
 
 mod compat;
 
-use compat::{ensure_libpagewise, installed, pagewise, same_output, scratch, tail};
+use compat::{ensure_libpagewise, installed, pagewise, run_plain, same_as_plain, scratch, tail};
 use pagewise_eval::programs::servers::{self, Kind};
-use pagewise_eval::programs::{jobs, routed_allocations, DlmFlags, Wrap};
+use pagewise_eval::programs::{dlm_paging, jobs, routed_allocations, DlmFlags, Job, Wrap};
 
-/// 4 MiB of local memory, the default auto page size, one spawned server; allocations from
-/// 256 KiB on are routed.
-fn dlm() -> Wrap {
-    dlm_with(4 << 20, None)
-}
+/// Local memory as a share (%) of what the program touches of its DLM memory: nine tenths. Its
+/// pages go to the server and come back, yet the run finishes well within the budget: a
+/// program that reads at random over more than its local memory pays a network round trip per
+/// miss and thrashes, as it would on swap.
+const SHARE: u64 = 90;
 
+/// For a program that reads at random over all of its memory (zstd's match tables): a tenth
+/// missing makes every tenth read a round trip; a thirty-second still makes pages travel.
+const SHARE_RANDOM: u64 = 97;
+
+/// The servers' local memory: below their 20 MB of values.
+const SERVER_LOCAL_MEM: u64 = 12 << 20;
+
+/// The default auto page size (up to 128 KiB), one spawned server, allocations from 256 KiB on.
 fn dlm_with(local_mem: u64, page_size: Option<u64>) -> Wrap {
     Wrap::Dlm(DlmFlags {
         page_size,
@@ -29,12 +37,25 @@ fn dlm_with(local_mem: u64, page_size: Option<u64>) -> Wrap {
     })
 }
 
-/// The plain run used at least `times` × the local memory: pages had to travel.
-fn assert_footprint(plain_rss: u64, times: u64, what: &str) {
-    assert!(
-        plain_rss >= times * (4 << 20),
-        "{what}: the plain run's peak RSS ({plain_rss} B) is too small to make pages travel"
-    );
+/// Pages travelled: the runtime fetched units from the server and evicted units to it.
+fn assert_travelled(stderr: &str, what: &str) {
+    let p = dlm_paging(stderr).unwrap_or_else(|| panic!("{what}: no DLM counters on stderr\n{}", tail(stderr)));
+    assert!(p.travelled(), "{what}: no page travelled ({p:?}): local memory holds it all\n{}", tail(stderr));
+}
+
+/// `job` plain, under `pagewise run` with local memory to spare (which measures what it
+/// touches of its DLM memory), and with `share_pct` % of that: the same output each time, and
+/// pages travelled in the last.
+fn same_output_on_dlm(job: &Job, share_pct: u64) {
+    let (plain, want) = run_plain(job);
+    let roomy = same_as_plain(job, &plain, &want, &dlm_with(1 << 30, None), "dlm");
+    let touched = dlm_paging(&roomy.stderr)
+        .unwrap_or_else(|| panic!("{}: no DLM counters on stderr\n{}", job.name, tail(&roomy.stderr)))
+        .peak_local_bytes;
+    let local = (touched * share_pct / 100) & !((128 << 10) - 1);
+    assert!(local >= 1 << 20, "{}: touches {touched} B of DLM memory, too little to page", job.name);
+    let tight = same_as_plain(job, &plain, &want, &dlm_with(local, None), "dlm");
+    assert_travelled(&tight.stderr, &job.name);
 }
 
 #[test]
@@ -45,8 +66,7 @@ fn xz_compresses_to_the_same_stream() {
     let d = scratch("dlm-xz");
     // xz -9 on 2 MB: about 30 MB of match finder and dictionary.
     let job = jobs::xz(d.path(), 2 << 20).unwrap();
-    let (plain, _) = same_output(&job, &dlm(), "dlm");
-    assert_footprint(plain.max_rss, 4, "xz");
+    same_output_on_dlm(&job, SHARE);
     let p = d.path();
     jobs::verify_round_trip(jobs::XZ_DECOMPRESS, &p.join("xz-input.txt.xz"), &p.join("xz-input.txt")).unwrap();
 }
@@ -58,7 +78,7 @@ fn zstd_compresses_to_the_same_stream() {
     }
     let d = scratch("dlm-zstd");
     let job = jobs::zstd(d.path(), 4 << 20).unwrap();
-    same_output(&job, &dlm(), "dlm");
+    same_output_on_dlm(&job, SHARE_RANDOM);
     let p = d.path();
     jobs::verify_round_trip(jobs::ZSTD_DECOMPRESS, &p.join("out.zst"), &p.join("zstd-input.txt")).unwrap();
 }
@@ -70,8 +90,7 @@ fn seven_zip_archives_the_same() {
     }
     let d = scratch("dlm-7z");
     let job = jobs::seven_zip_archive(d.path(), 4 << 20, 16).unwrap();
-    let (plain, _) = same_output(&job, &dlm(), "dlm");
-    assert_footprint(plain.max_rss, 4, "7zz");
+    same_output_on_dlm(&job, SHARE);
     let t = std::process::Command::new("7zz").args(["t", "a.7z"]).current_dir(d.path()).output().unwrap();
     assert!(String::from_utf8_lossy(&t.stdout).contains("Everything is Ok"), "7zz t: {t:?}");
 }
@@ -83,8 +102,7 @@ fn sort_with_a_large_buffer_gives_the_same_order() {
     }
     let d = scratch("dlm-sort");
     let job = jobs::sort(d.path(), 6 << 20, 16 << 20).unwrap();
-    let (plain, _) = same_output(&job, &dlm_with(4 << 20, Some(64 << 10)), "dlm");
-    assert_footprint(plain.max_rss, 2, "sort");
+    same_output_on_dlm(&job, SHARE);
 }
 
 #[test]
@@ -94,8 +112,7 @@ fn numpy_fft_matmul_and_sort_give_the_same_digests() {
     }
     let d = scratch("dlm-numpy");
     let job = jobs::numpy(d.path(), 2 << 20).unwrap();
-    let (plain, _) = same_output(&job, &dlm(), "dlm");
-    assert_footprint(plain.max_rss, 4, "numpy");
+    same_output_on_dlm(&job, SHARE);
 }
 
 #[test]
@@ -105,7 +122,7 @@ fn sqlite3_answers_the_same() {
     }
     let d = scratch("dlm-sqlite");
     let job = jobs::sqlite(d.path(), 200_000).unwrap();
-    same_output(&job, &dlm(), "dlm");
+    same_output_on_dlm(&job, SHARE);
 }
 
 #[test]
@@ -115,7 +132,7 @@ fn gcc_compiles_a_large_file_to_the_same_assembly() {
     }
     let d = scratch("dlm-gcc");
     let job = jobs::gcc(d.path(), 400).unwrap();
-    same_output(&job, &dlm(), "dlm");
+    same_output_on_dlm(&job, SHARE);
 }
 
 #[test]
@@ -124,7 +141,7 @@ fn perl_hashes_and_sorts_the_same() {
         return;
     }
     let d = scratch("dlm-perl");
-    same_output(&jobs::perl(d.path(), 300_000), &dlm(), "dlm");
+    same_output_on_dlm(&jobs::perl(d.path(), 300_000), SHARE);
 }
 
 /// Fill a server under `pagewise run` with 20 MB of values, read every one back, stop it; the
@@ -135,7 +152,7 @@ fn server_keeps_every_value(kind: Kind, program: &str, probe: &[&str]) {
     }
     ensure_libpagewise();
     let d = scratch(&format!("dlm-{}", kind.name()));
-    let s = servers::start(kind, &pagewise(), &dlm(), 256, d.path()).unwrap();
+    let s = servers::start(kind, &pagewise(), &dlm_with(SERVER_LOCAL_MEM, None), 256, d.path()).unwrap();
     let (records, value) = (20_000, 1000);
     let filled = servers::fill(kind, &s.addr, records, value);
     let checked = filled.as_ref().ok().map(|_| servers::check_all(kind, &s.addr, records, value));
@@ -147,6 +164,7 @@ fn server_keeps_every_value(kind: Kind, program: &str, probe: &[&str]) {
     assert_eq!(read.misses, 0, "{}: stored records missing", kind.name());
     let routed = routed_allocations(&err, "dlm").unwrap_or_else(|| panic!("{}: no routing report\n{err}", kind.name()));
     assert!(routed >= 1, "{}: nothing on DLM memory\n{err}", kind.name());
+    assert_travelled(&err, kind.name());
 }
 
 #[test]
@@ -161,18 +179,22 @@ fn redis_with_jemalloc_keeps_every_value() {
 }
 
 /// A JVM with a 128 MiB heap (serial GC) fills 48 MiB of arrays and sums them in scattered
-/// order: the same sums as plain, and the Java heap on DLM memory while it runs (the
-/// process's mappings armed for userfaultfd missing faults, VmFlags `um`, cover the heap).
+/// order: the same sums as plain, with local memory to spare and with [`SHARE`] of what it
+/// touched there, and the Java heap on DLM memory while it runs (the process's mappings armed
+/// for userfaultfd missing faults, VmFlags `um`, cover the heap).
 #[test]
 fn jvm_heap_is_on_dlm_and_gives_the_same_sums() {
     if !installed("java", &["-version"]) {
         return;
     }
     let d = scratch("dlm-java");
-    let (armed, err) = compat::jvm_same_sums(d.path(), &dlm_with(16 << 20, None), |pid| {
-        compat::mapping_bytes(pid, |_, flags| flags.split_whitespace().any(|f| f == "um"))
-    });
+    let armed_bytes = |pid| compat::mapping_bytes(pid, |_, flags| flags.split_whitespace().any(|f| f == "um"));
+    let (_, roomy) = compat::jvm_same_sums(d.path(), &dlm_with(1 << 30, None), armed_bytes);
+    let touched = dlm_paging(&roomy).unwrap_or_else(|| panic!("no DLM counters\n{}", tail(&roomy))).peak_local_bytes;
+    let local = (touched * SHARE / 100) & !((128 << 10) - 1);
+    let (armed, err) = compat::jvm_same_sums(d.path(), &dlm_with(local, None), armed_bytes);
     assert!(routed_allocations(&err, "dlm").unwrap_or(0) >= 1, "nothing routed\n{}", tail(&err));
+    assert_travelled(&err, "java");
     assert!(
         armed >= compat::JVM_HEAP_MIB << 20,
         "only {armed} bytes of the JVM are on DLM memory, not its {} MiB heap\n{}",

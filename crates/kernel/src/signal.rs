@@ -105,6 +105,12 @@ pub fn set_thread_blocked(sig: i32, blocked: bool) -> Result<()> {
 /// and a handler touching that memory would wait on itself. Faults' own signals (SIGBUS,
 /// SIGSEGV, SIGFPE, SIGILL, SIGTRAP, SIGSYS) stay unblocked. The new thread inherits the mask
 /// (pthread_sigmask(3)); the caller's is restored.
+///
+/// Returns once the thread runs: by then its thread-local storage exists. In a library that
+/// was dlopen'd (libpagewise under the preload shim), a thread's TLS block is allocated on its
+/// first use with the process's `malloc` — a program's own allocator (redis's jemalloc), whose
+/// memory may be the very memory this thread serves: allocated later, it would fault on memory
+/// only it can bring in, and wait for ever.
 pub fn spawn_blocking_signals<F, T>(builder: std::thread::Builder, f: F) -> std::io::Result<std::thread::JoinHandle<T>>
 where
     F: FnOnce() -> T + Send + 'static,
@@ -123,9 +129,16 @@ where
         if rc != 0 {
             return Err(std::io::Error::from_raw_os_error(rc));
         }
-        let spawned = builder.spawn(f);
+        let (started, running) = std::sync::mpsc::sync_channel::<()>(1);
+        let spawned = builder.spawn(move || {
+            // std has set this thread's handle in its TLS before this runs: the block exists.
+            let _ = started.send(());
+            f()
+        });
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-        spawned
+        let handle = spawned?;
+        let _ = running.recv();
+        Ok(handle)
     }
 }
 

@@ -43,11 +43,25 @@ pub const BUDGET: Duration = Duration::from_secs(45);
 
 /// Run `job` plain, then under `wrap`; both must finish, the outputs be the same, and the shim
 /// must report routed allocations on `arena`. Returns (plain, wrapped) outcomes.
+#[allow(dead_code)] // compat_hps.rs uses it; compat_dlm.rs sizes its runs
 pub fn same_output(job: &Job, wrap: &Wrap, arena: &str) -> (Outcome, Outcome) {
+    let (plain, want) = run_plain(job);
+    let wrapped = same_as_plain(job, &plain, &want, wrap, arena);
+    (plain, wrapped)
+}
+
+/// `job` run on its own: its outcome and canonical output.
+pub fn run_plain(job: &Job) -> (Outcome, String) {
     ensure_libpagewise();
     job.reset().unwrap();
     let plain = run(job.command(&pagewise(), &Wrap::Plain), BUDGET, None).unwrap();
     let want = job.canonical(&plain).unwrap_or_else(|e| panic!("{} on its own: {e:#}", job.name));
+    (plain, want)
+}
+
+/// `job` under `wrap` must finish with the plain run's canonical output `want`, its memory
+/// routed to `arena`.
+pub fn same_as_plain(job: &Job, plain: &Outcome, want: &str, wrap: &Wrap, arena: &str) -> Outcome {
     job.reset().unwrap();
     let wrapped = run(job.command(&pagewise(), wrap), BUDGET, None).unwrap();
     let what = format!("{} under {wrap:?}", job.name);
@@ -62,7 +76,7 @@ pub fn same_output(job: &Job, wrap: &Wrap, arena: &str) -> (Outcome, Outcome) {
     let routed = routed_allocations(&wrapped.stderr, arena)
         .unwrap_or_else(|| panic!("{what}: no routing report on stderr\n{}", tail(&wrapped.stderr)));
     assert!(routed >= 1, "{what}: nothing ran on {arena} memory\n{}", tail(&wrapped.stderr));
-    (plain, wrapped)
+    wrapped
 }
 
 pub fn tail(text: &str) -> String {

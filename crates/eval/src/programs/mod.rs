@@ -405,6 +405,36 @@ pub fn routed_allocations(stderr: &str, arena: &str) -> Option<u64> {
     stderr.lines().find_map(|l| l.strip_prefix("pagewise: ")?.split(marker.as_str()).next()?.parse().ok())
 }
 
+/// The DLM runtime's end-of-run counters, from a `pagewise run` program's stderr.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DlmPaging {
+    pub fetched_units: u64,
+    pub evicted_units: u64,
+    /// Most bytes of DLM memory resident at once: with local memory to spare, what the program
+    /// touched of its routed memory.
+    pub peak_local_bytes: u64,
+}
+
+impl DlmPaging {
+    /// Units went to a memory server and came back.
+    pub fn travelled(&self) -> bool {
+        self.fetched_units > 0 && self.evicted_units > 0
+    }
+}
+
+/// Parse the line "pagewise: dlm: N fault(s) …, N unit(s) fetched …, N evicted …; local peak
+/// X of Y MiB" (preload/arena_dlm.c).
+pub fn dlm_paging(stderr: &str) -> Option<DlmPaging> {
+    let line = stderr.lines().find_map(|l| l.strip_prefix("pagewise: dlm: "))?;
+    let word_before = |marker: &str| -> Option<&str> { line[..line.find(marker)?].rsplit([' ', '(']).next() };
+    let peak_mib: f64 = line.split("local peak ").nth(1)?.split_whitespace().next()?.parse().ok()?;
+    Some(DlmPaging {
+        fetched_units: word_before(" unit(s) fetched")?.parse().ok()?,
+        evicted_units: word_before(" evicted")?.parse().ok()?,
+        peak_local_bytes: (peak_mib * (1 << 20) as f64) as u64,
+    })
+}
+
 /// The first process named `comm` (its /proc/PID/comm) among `pid` and its descendants,
 /// breadth first: the program under `pagewise run`, whose other children are its memory
 /// servers.
@@ -451,6 +481,17 @@ impl Drop for Scratch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dlm_paging_reads_the_end_of_run_counters() {
+        let err = "pagewise: 3 allocation(s) on dlm memory (30 MiB over the run, at most 30 MiB at once), 0 refused\n\
+                   pagewise: dlm: 42176 fault(s) (21546 first write(s)), 38673 unit(s) fetched (151 MiB, 7 read \
+                   ahead), 4577 zero-filled, 39154 evicted (20642 written back, 80 MiB); local peak 15.5 of 16.0 MiB\n";
+        let p = dlm_paging(err).unwrap();
+        assert_eq!((p.fetched_units, p.evicted_units, p.peak_local_bytes), (38673, 39154, 31 << 19));
+        assert!(p.travelled());
+        assert_eq!(dlm_paging("pagewise: hps: 3 region(s) promoted\n"), None);
+    }
 
     #[test]
     fn hpcc_checks_keep_verdicts_and_refuse_failures() {
