@@ -30,6 +30,7 @@ pub mod layout;
 mod measure;
 pub mod process;
 pub mod proto;
+pub mod redundancy;
 pub mod runtime;
 pub mod server;
 mod signals;
@@ -37,6 +38,7 @@ pub mod transport;
 pub mod tune;
 
 pub use config::{parse_size, Config, FaultMode};
+pub use redundancy::Redundancy;
 pub use runtime::{Access, Dlm, Stats};
 
 /// Errors of the DLM runtime's API (fault-path failures stop the program instead).
