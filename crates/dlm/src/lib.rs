@@ -96,6 +96,12 @@ impl DlmError {
 /// Stop the program: a DLM page can no longer be served correctly. Writes the message to
 /// stderr without allocating (this may run in a signal handler) and aborts.
 pub(crate) fn fatal(args: std::fmt::Arguments<'_>) -> ! {
+    note(args);
+    std::process::abort()
+}
+
+/// Print one line to stderr without allocating (it may run in a signal handler).
+pub(crate) fn note(args: std::fmt::Arguments<'_>) {
     struct Buf {
         b: [u8; 1024],
         n: usize,
@@ -113,7 +119,6 @@ pub(crate) fn fatal(args: std::fmt::Arguments<'_>) -> ! {
     let _ = std::fmt::Write::write_str(&mut buf, "\n");
     // SAFETY: writing our own buffer to fd 2.
     unsafe { libc::write(2, buf.b.as_ptr() as *const libc::c_void, buf.n) };
-    std::process::abort()
 }
 
 /// What DLM offers a user and the kernel capabilities each part uses (`pagewise doctor`).

@@ -1,7 +1,8 @@
 //! Redundancy of units across memory servers (issue 24 item 3), the pure part: what a run asks
 //! for (`none`, `ec:K+M`, `copies:N`), where each piece of each block lives, which pieces a read
 //! takes, where a lost server's pieces are rebuilt, and the Reed–Solomon code itself
-//! ([`Codec`], `reed-solomon-erasure`). No I/O; the mechanism is `runtime/redundant.rs`.
+//! ([`Codec`], `reed-solomon-erasure`). No I/O; the mechanism is `runtime/redundant.rs`, a
+//! transport that stands for all the servers together.
 //!
 //! # Pieces
 //! Erasure coding (`ec:K+M`, as Hydra, FAST '22): each base page's bytes are cut into K data
@@ -21,8 +22,9 @@
 //! Piece i of block b lives on server `live[(b + i) mod n]`, so the K+M pieces of a block are
 //! on K+M different servers and the load rotates over all n. Each server's region holds the
 //! pieces it got, in block order ([`Placement::new`]). A server that is lost has its pieces
-//! rebuilt onto live servers holding no piece of the same block ([`rebuild_targets`]): with
-//! n ≥ K+M+1 servers there always is one.
+//! rebuilt onto live servers holding no piece of the same block ([`rebuild_target`],
+//! [`rebuild_targets`]): with n ≥ K+M+1 servers there always is one; with n = K+M there is
+//! none, and the run goes on without the lost pieces (surviving M−1 more losses, not M).
 
 use reed_solomon_erasure::galois_8::ReedSolomon;
 
@@ -31,7 +33,7 @@ use reed_solomon_erasure::galois_8::ReedSolomon;
 pub const MAX_PIECES: usize = 12;
 
 /// Smallest piece of a page (B/K): the servers' smallest granule (PROTOCOL.md, ALLOC).
-pub const MIN_PIECE: usize = 256;
+pub const MIN_PIECE: usize = crate::proto::MIN_GRANULE as usize;
 
 /// Decoding matrices `reed-solomon-erasure` keeps (its `DATA_DECODE_MATRIX_CACHE_CAPACITY`):
 /// every choice of M absent pieces must fit, so that decoding never allocates.
@@ -178,9 +180,9 @@ fn binomial(n: usize, k: usize) -> u64 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Home {
     pub server: u16,
-    /// Which region of the area on that server: 0 the one made with the area, 1.. those made
-    /// by rebuilds (the mechanism keeps their ids).
-    pub region: u16,
+    /// The region on that server (its id from ALLOC; 0 until the mechanism knows it): the one
+    /// made with the area, or one made by a rebuild.
+    pub region: u32,
     /// The block's index inside that region.
     pub index: u32,
 }
@@ -235,6 +237,15 @@ pub fn pieces_to_read(homes: &[Home], needed: usize, lost: impl Fn(usize) -> boo
     (n == needed).then_some(n)
 }
 
+/// The server a lost piece of a block with pieces at `homes` is rebuilt onto: a live server
+/// (`live(s)`, ids below `load.len()`) holding no piece of the block, the least loaded so far
+/// by `load` (ties: the lowest id), so a lost server's pieces spread over the others. None
+/// when every live server already holds a piece of the block. Allocates nothing (it runs
+/// when a server is lost, possibly in the fault path).
+pub fn rebuild_target(homes: &[Home], live: impl Fn(usize) -> bool, load: &[usize]) -> Option<usize> {
+    (0..load.len()).filter(|&s| live(s) && !homes.iter().any(|h| h.server as usize == s)).min_by_key(|&s| (load[s], s))
+}
+
 /// One piece to rebuild: block, piece index, and the live server to put it on (None: every
 /// live server already holds a piece of that block).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -244,24 +255,20 @@ pub struct Rebuild {
     pub target: Option<usize>,
 }
 
-/// For every piece of `placement` whose home is `lost`: a live server (in `live`) holding no
-/// piece of the same block, the least loaded so far (ties: the lowest id), so that the lost
-/// server's pieces spread over the others.
-pub fn rebuild_targets(placement: &Placement, lost: usize, live: &[usize], servers: usize) -> Vec<Rebuild> {
+/// For every piece of `placement` whose home is not `live`: where [`rebuild_target`] puts it,
+/// counting the pieces already planned in the load. The mechanism plans the same way, one
+/// piece at a time.
+pub fn rebuild_targets(placement: &Placement, live: impl Fn(usize) -> bool, servers: usize) -> Vec<Rebuild> {
     let mut load = vec![0usize; servers];
     let mut plan = Vec::new();
     let blocks = placement.homes.len() / placement.pieces.max(1);
     for b in 0..blocks {
         let homes = placement.block(b);
         for (i, h) in homes.iter().enumerate() {
-            if h.server as usize != lost {
+            if live(h.server as usize) {
                 continue;
             }
-            let target = live
-                .iter()
-                .copied()
-                .filter(|&s| s != lost && !homes.iter().any(|o| o.server as usize == s))
-                .min_by_key(|&s| (load[s], s));
+            let target = rebuild_target(homes, &live, &load);
             if let Some(t) = target {
                 load[t] += 1;
             }
@@ -269,6 +276,29 @@ pub fn rebuild_targets(placement: &Placement, lost: usize, live: &[usize], serve
         }
     }
     plan
+}
+
+/// Cut `count` pages of `k` × `g` bytes (`src`) into `k` data pieces laid out one after the
+/// other in `out` (each `count` × `g` bytes: piece i of every page in turn), as they are
+/// stored: piece i of a unit is one contiguous range on its server.
+pub fn split_pieces(src: &[u8], out: &mut [u8], k: usize, g: usize, count: usize) {
+    let stride = count * g;
+    for j in 0..count {
+        for i in 0..k {
+            out[i * stride + j * g..][..g].copy_from_slice(&src[(j * k + i) * g..][..g]);
+        }
+    }
+}
+
+/// The inverse of [`split_pieces`]: `k` data pieces (`pieces`, one after the other) back into
+/// `count` pages in `dst`.
+pub fn join_pieces(pieces: &[u8], dst: &mut [u8], k: usize, g: usize, count: usize) {
+    let stride = count * g;
+    for j in 0..count {
+        for i in 0..k {
+            dst[(j * k + i) * g..][..g].copy_from_slice(&pieces[i * stride + j * g..][..g]);
+        }
+    }
 }
 
 /// The Reed–Solomon code of `ec:K+M` over pieces laid out one after the other in a buffer.
@@ -320,7 +350,11 @@ impl Codec {
         for (i, (s, chunk)) in shards.iter_mut().zip(buf[..total * len].chunks_mut(len)).enumerate() {
             *s = (chunk, present & (1 << i) != 0);
         }
-        let r = if all { self.rs.reconstruct(&mut shards[..total]) } else { self.rs.reconstruct_data(&mut shards[..total]) };
+        let r = if all {
+            self.rs.reconstruct(&mut shards[..total])
+        } else {
+            self.rs.reconstruct_data(&mut shards[..total])
+        };
         r.map_err(|e| format!("Reed-Solomon decoding failed: {e:?}"))
     }
 
@@ -387,8 +421,7 @@ mod tests {
             prop_assume!(pieces < servers && lost < servers);
             let all: Vec<usize> = (0..servers).collect();
             let p = Placement::new(blocks, pieces, &all, servers);
-            let live: Vec<usize> = all.iter().copied().filter(|&s| s != lost).collect();
-            let plan = rebuild_targets(&p, lost, &live, servers);
+            let plan = rebuild_targets(&p, |s| s != lost, servers);
             prop_assert_eq!(plan.len(), p.region_blocks[lost]);
             let mut load = vec![0usize; servers];
             for r in &plan {
@@ -442,6 +475,19 @@ mod tests {
         assert_eq!(pieces_to_read(p.block(1), 2, |s| s == 2, &mut out), Some(2));
         assert_eq!(&out[..2], &[0, 2]);
         assert_eq!(pieces_to_read(p.block(1), 2, |s| s == 2 || s == 1, &mut out), None);
+    }
+
+    #[test]
+    fn pieces_split_and_join_back() {
+        let (k, g, count) = (4, 256, 3);
+        let src: Vec<u8> = (0..k * g * count).map(|i| (i * 7 + i / 251) as u8).collect();
+        let mut pieces = vec![0u8; src.len()];
+        split_pieces(&src, &mut pieces, k, g, count);
+        // Piece 1 of page 2 lies at piece 1's range, third granule.
+        assert_eq!(&pieces[count * g + 2 * g..][..g], &src[(2 * k + 1) * g..][..g]);
+        let mut back = vec![0u8; src.len()];
+        join_pieces(&pieces, &mut back, k, g, count);
+        assert_eq!(back, src);
     }
 
     #[test]

@@ -99,7 +99,11 @@ fn window_scenario() {
     // windows close): the smaller neighbour is tried first. There they fit, no more faults
     // come, and the trial stays in force until the program pages again.
     let d = ds.first().expect("a window closed within 20 s of thrashing");
-    assert_eq!((d.loop_id, d.reason, d.old_size, d.new_size), (u64::MAX, Reason::Explore, 64 << 10, 32 << 10), "{ds:?}");
+    assert_eq!(
+        (d.loop_id, d.reason, d.old_size, d.new_size),
+        (u64::MAX, Reason::Explore, 64 << 10, 32 << 10),
+        "{ds:?}"
+    );
     for _ in 0..50 {
         assert_eq!(sparse_pass(base, None), want);
     }
