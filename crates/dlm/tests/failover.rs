@@ -127,33 +127,35 @@ fn scenario() {
     println!("FAILOVER-OK");
 }
 
-/// Start `n` servers, run the scenario in a child with `victims` (indices) killed from op
-/// `kill_at`; the child's output.
-fn run_one(
-    test: &str,
+/// One child run: `n` servers, `scheme` in fault mode `mode`, the servers at `victims`
+/// (indices) killed from op `kill_at`, `gap` ops apart, `ops` ops in all.
+struct Plan<'a> {
     n: usize,
-    scheme: &str,
-    mode: &str,
+    scheme: &'a str,
+    mode: &'a str,
     seed: u64,
-    victims: &[usize],
+    victims: &'a [usize],
     kill_at: usize,
     gap: usize,
     ops: usize,
-) -> std::process::Output {
-    let servers: Vec<ServerProc> = (0..n).map(|_| ServerProc::start("1G")).collect();
+}
+
+/// Start the plan's servers and run the scenario in a child; the child's output.
+fn run_one(test: &str, p: &Plan) -> std::process::Output {
+    let servers: Vec<ServerProc> = (0..p.n).map(|_| ServerProc::start("1G")).collect();
     let addrs: Vec<&str> = servers.iter().map(|s| s.addr.as_str()).collect();
-    let pids: Vec<String> = victims.iter().map(|&v| servers[v].child.id().to_string()).collect();
+    let pids: Vec<String> = p.victims.iter().map(|&v| servers[v].child.id().to_string()).collect();
     run_child(
         test,
         &[
             ("DLM_TEST_SERVERS", addrs.join(",")),
             ("DLM_TEST_VICTIMS", pids.join(",")),
-            ("DLM_TEST_SEED", seed.to_string()),
-            ("DLM_TEST_KILL_AT", kill_at.to_string()),
-            ("DLM_TEST_GAP", gap.to_string()),
-            ("DLM_TEST_OPS", ops.to_string()),
-            ("DLM_TEST_MODE", mode.to_string()),
-            ("DLM_TEST_REDUNDANCY", scheme.to_string()),
+            ("DLM_TEST_SEED", p.seed.to_string()),
+            ("DLM_TEST_KILL_AT", p.kill_at.to_string()),
+            ("DLM_TEST_GAP", p.gap.to_string()),
+            ("DLM_TEST_OPS", p.ops.to_string()),
+            ("DLM_TEST_MODE", p.mode.to_string()),
+            ("DLM_TEST_REDUNDANCY", p.scheme.to_string()),
         ],
     )
 }
@@ -169,7 +171,7 @@ fn survives_one_loss(test: &str, scheme: &str, n: usize, mode: &str, seeds: std:
         let mut rng = Rng(seed ^ 0x5151);
         let victim = rng.below(n);
         let kill_at = rng.below(150);
-        let out = run_one(test, n, scheme, mode, seed, &[victim], kill_at, 0, 200);
+        let out = run_one(test, &Plan { n, scheme, mode, seed, victims: &[victim], kill_at, gap: 0, ops: 200 });
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
@@ -226,7 +228,17 @@ fn second_loss_before_the_rebuild_stops_the_program() {
         return;
     }
     for seed in 0..3u64 {
-        let out = run_one(test, 3, "ec:2+1", "thread", 500 + seed, &[0, 1], 20 + 10 * seed as usize, 2, 200);
+        let plan = Plan {
+            n: 3,
+            scheme: "ec:2+1",
+            mode: "thread",
+            seed: 500 + seed,
+            victims: &[0, 1],
+            kill_at: 20 + 10 * seed as usize,
+            gap: 2,
+            ops: 200,
+        };
+        let out = run_one(test, &plan);
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "the program must stop: {stdout}\n{stderr}");
@@ -248,7 +260,9 @@ fn second_loss_after_the_rebuild_is_survived() {
     }
     // Four servers for ec:2+1: the lost pieces go to the fourth. 600 ops leave the rebuild
     // (one block per request made with nothing in flight) long done by op 400.
-    let out = run_one(test, 4, "ec:2+1", "thread", 600, &[1, 2], 10, 390, 600);
+    let plan =
+        Plan { n: 4, scheme: "ec:2+1", mode: "thread", seed: 600, victims: &[1, 2], kill_at: 10, gap: 390, ops: 600 };
+    let out = run_one(test, &plan);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && stdout.contains("FAILOVER-OK"), "{stdout}\n{stderr}");
