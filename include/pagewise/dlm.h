@@ -54,6 +54,9 @@ struct dlm_config {
     int readahead;       /* units requested ahead of a sequential stream */
     const char *secret;  /* the servers' shared secret (at least 16 bytes); NULL: the
                           * PAGEWISE_DLM_SECRET environment variable */
+    const char *redundancy; /* "none" (NULL), "ec:K+M" (K data + M parity pieces of each
+                             * page on K+M servers, Reed-Solomon) or "copies:N": with
+                             * redundancy a lost memory server loses nothing */
 };
 
 struct dlm_stats {
@@ -77,7 +80,7 @@ struct dlm_stats {
 
 /* Start the runtime from cfg, or from PAGEWISE_DLM_SERVERS, PAGEWISE_DLM_LOCAL_MEM,
  * PAGEWISE_DLM_PAGE_SIZE, PAGEWISE_DLM_MAX_SET (and _SET_COUNT, _FAULT_MODE, _READAHEAD,
- * _SECRET) when cfg is NULL. -EBUSY if already started, -EINVAL for a bad configuration or no
+ * _SECRET, _REDUNDANCY) when cfg is NULL. -EBUSY if already started, -EINVAL for a bad configuration or no
  * secret, -EACCES when a server refuses the secret (or cannot prove it), -ECONNREFUSED etc.
  * when a server cannot be reached. */
 int dlm_init(const struct dlm_config *cfg);

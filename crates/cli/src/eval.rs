@@ -34,6 +34,8 @@ pub const FEATURES: &[Feature] = &[
     Feature { name: "pagewise eval dlm-vs-swap", needs: &[Capability::Userfaultfd, Capability::CgroupV1Memory] },
     // zram swap and its own swap file (swapon(2), root), in a memory cgroup.
     Feature { name: "pagewise eval dlm-programs", needs: &[Capability::Userfaultfd, Capability::CgroupV1Memory] },
+    // Memory servers killed with SIGKILL; userfaultfd under `pagewise run`.
+    Feature { name: "pagewise eval dlm-failover", needs: &[Capability::Userfaultfd] },
     Feature { name: "pagewise eval spark-hugepages", needs: &[Capability::ThpEnabled, Capability::MadvCollapse] },
     Feature {
         name: "pagewise eval reclaim-percore",

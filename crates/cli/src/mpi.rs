@@ -225,12 +225,28 @@ fn rank0(me: Me, a: &Args) -> Result<ExitCode> {
         })
     };
     let mut child = program.spawn()?;
+    let redundancy = a.dlm.redundancy()?;
+    let mut gone: Vec<u32> = Vec::new();
     let status = loop {
         if let Some(status) = child.try_wait()? {
             break status;
         }
         for (info, addr, link) in servers.iter_mut() {
+            if gone.contains(&link.rank) {
+                continue;
+            }
             if let Liveness::Gone(why) = link.check() {
+                gone.push(link.rank);
+                // With redundancy the program's runtime reads the lost pieces from the other
+                // servers and ends the program itself if too many are lost at once.
+                if gone.len() <= redundancy.tolerated() {
+                    eprintln!(
+                        "pagewise mpi: memory server rank {} on {} ({addr}) is gone: {why}. Its pieces are read \
+                         from the others ({redundancy}); {} goes on.",
+                        link.rank, info.host, a.program[0]
+                    );
+                    continue;
+                }
                 eprintln!(
                     "pagewise mpi: memory server rank {} on {} ({addr}) is gone: {why}. Its pages are lost: \
                      ending {} and the job.",
@@ -246,6 +262,9 @@ fn rank0(me: Me, a: &Args) -> Result<ExitCode> {
     let mut stats = ServerStats::default();
     for (info, _, link) in servers {
         let rank = link.rank;
+        if gone.contains(&rank) {
+            continue;
+        }
         match link.end(Duration::from_secs(30)).and_then(|s| Ok(serde_json::from_str::<ServerStats>(&s)?)) {
             Ok(s) => {
                 stats.requests += s.requests;

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use pagewise_dlm::auth::{Secret, SECRET_ENV};
-use pagewise_dlm::parse_size;
 use pagewise_dlm::process::ServerProcess;
 use pagewise_dlm::transport::TcpTransport;
+use pagewise_dlm::{parse_size, Redundancy};
 use pagewise_kernel::private_dir::PrivateDir;
 
 /// The shim, compiled from preload/*.c by build.rs.
@@ -29,9 +29,10 @@ pub struct Args {
     /// secret is taken from PAGEWISE_DLM_SECRET.
     #[arg(long, conflicts_with = "spawn_servers")]
     servers: Option<String>,
-    /// Spawn this many local memory servers for the run (the default, with 1, when --servers
-    /// is not given), with a secret of this run handed to them and the program in the
-    /// environment; they are stopped when the program ends.
+    /// Spawn this many local memory servers for the run (the default when --servers is not
+    /// given: 1, or with --redundancy one more than a block's pieces, so lost pieces have a
+    /// server to be rebuilt onto), with a secret of this run handed to them and the program in
+    /// the environment; they are stopped when the program ends.
     #[arg(long)]
     spawn_servers: Option<usize>,
     /// Capacity of each spawned server.
@@ -70,6 +71,13 @@ pub struct DlmOptions {
     /// Write the tuner's decisions (JSON) to this file.
     #[arg(long)]
     decisions: Option<PathBuf>,
+    /// How the program's pages are stored across the memory servers: `none` (a lost server
+    /// ends the program), `ec:K+M` (each page cut into K pieces plus M Reed-Solomon parity
+    /// pieces, on K+M different servers: any M may be lost) or `copies:N` (N full copies).
+    /// Lost pieces are rebuilt onto a server holding no piece of their block, when there is
+    /// one (give more servers than pieces).
+    #[arg(long, default_value = "none")]
+    redundancy: String,
 }
 
 /// [`DlmOptions`] parsed and checked.
@@ -80,6 +88,7 @@ struct Checked {
     max_set: u32,
     set_count: u32,
     auto: bool,
+    redundancy: Redundancy,
 }
 
 impl DlmOptions {
@@ -103,7 +112,13 @@ impl DlmOptions {
                 2 * base * max_set as usize
             );
         }
-        Ok(Checked { local, min_alloc, base, max_set, set_count, auto })
+        let redundancy = Redundancy::parse(&self.redundancy).map_err(|e| anyhow::anyhow!("--redundancy: {e}"))?;
+        Ok(Checked { local, min_alloc, base, max_set, set_count, auto, redundancy })
+    }
+
+    /// The storage scheme asked for (`--redundancy`).
+    pub(crate) fn redundancy(&self) -> Result<Redundancy> {
+        self.checked().map(|c| c.redundancy)
     }
 
     /// Check the options without starting anything (a launcher's ranks all check them, so a
@@ -132,6 +147,7 @@ impl DlmProgram {
     /// Set up `program` to run with its large allocations in the memory of `servers`.
     pub(crate) fn prepare(opts: &DlmOptions, servers: &[String], program: &[String]) -> Result<Self> {
         let c = opts.checked()?;
+        c.redundancy.check(c.base, servers.len()).map_err(|e| anyhow::anyhow!("--redundancy: {e}"))?;
         let lib = libpagewise()?;
         let shim = EmbeddedFile::write(SHIM, "libpagewise_preload.so")?;
         let decisions = match &opts.decisions {
@@ -161,6 +177,7 @@ impl DlmProgram {
             // malloc'd array); SIGBUS mode would return EFAULT there.
             .env("PAGEWISE_DLM_FAULT_MODE", "thread")
             .env("PAGEWISE_DLM_DONTFORK", "1")
+            .env("PAGEWISE_DLM_REDUNDANCY", c.redundancy.to_string())
             .env("PAGEWISE_DLM_FAULT_TIMEOUT_MS", (opts.fault_timeout * 1000).to_string());
         if opts.bss {
             cmd.env("PAGEWISE_PRELOAD_BSS", "1");
@@ -292,7 +309,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
             s
         }
         None => {
-            let n = a.spawn_servers.unwrap_or(1);
+            let redundancy = a.dlm.redundancy()?;
+            let n = a.spawn_servers.unwrap_or(if redundancy.is_redundant() { redundancy.pieces() + 1 } else { 1 });
             if n == 0 || n > 64 {
                 bail!("--spawn-servers {n}: give 1..64");
             }

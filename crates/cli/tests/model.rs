@@ -110,3 +110,41 @@ fn hps_gives_plain_memory_semantics() {
     let (_dir, m) = model("model-hps");
     same_as_plain(&m, &["hps", "run", "--min-alloc", "64K"], 30_001, 1500);
 }
+
+#[test]
+fn dlm_gives_plain_memory_semantics_with_erasure_coded_units() {
+    let (_dir, m) = model("model-ec");
+    let dlm = [
+        "run",
+        "--spawn-servers",
+        "4",
+        "--redundancy",
+        "ec:2+1",
+        "--min-alloc",
+        "64K",
+        "--local-mem",
+        "256K",
+        "--page-size",
+        "auto",
+    ];
+    same_as_plain(&m, &dlm, 40_001, 800);
+}
+
+#[test]
+fn dlm_gives_plain_memory_semantics_with_copied_units() {
+    let (_dir, m) = model("model-copies");
+    let dlm = [
+        "run",
+        "--spawn-servers",
+        "3",
+        "--redundancy",
+        "copies:2",
+        "--min-alloc",
+        "64K",
+        "--local-mem",
+        "256K",
+        "--page-size",
+        "16K",
+    ];
+    same_as_plain(&m, &dlm, 50_001, 400);
+}

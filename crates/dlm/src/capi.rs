@@ -23,6 +23,8 @@ pub struct DlmConfig {
     pub readahead: c_int,
     /// The servers' shared secret; NULL: `PAGEWISE_DLM_SECRET`.
     pub secret: *const c_char,
+    /// `"none"`, `"ec:K+M"` or `"copies:N"`; NULL: none.
+    pub redundancy: *const c_char,
 }
 
 /// `struct dlm_stats`.
@@ -112,6 +114,11 @@ fn config_from_c(cfg: &DlmConfig) -> Result<Config, c_int> {
         // SAFETY: the caller passes NULL or a NUL-terminated string (dlm.h).
         let text = unsafe { CStr::from_ptr(cfg.secret) };
         c.secret = Some(crate::auth::Secret::new(text.to_bytes()).map_err(|e| e.errno())?);
+    }
+    if !cfg.redundancy.is_null() {
+        // SAFETY: the caller passes NULL or a NUL-terminated string (dlm.h).
+        let text = unsafe { CStr::from_ptr(cfg.redundancy) }.to_str().map_err(|_| -libc::EINVAL)?;
+        c.redundancy = crate::redundancy::Redundancy::parse(text).map_err(|_| -libc::EINVAL)?;
     }
     c.validate().map_err(|e| e.errno())?;
     Ok(c)

@@ -98,6 +98,9 @@ pub struct Config {
     /// The secret the memory servers expect (PROTOCOL.md, "Handshake"); `None`: the one in
     /// `PAGEWISE_DLM_SECRET` when the runtime connects.
     pub secret: Option<Secret>,
+    /// How units are stored across the servers (`redundancy.rs`): once (a lost server ends the
+    /// program), erasure-coded, or copied (a lost server loses nothing).
+    pub redundancy: crate::redundancy::Redundancy,
 }
 
 impl Default for Config {
@@ -121,6 +124,7 @@ impl Default for Config {
             fault_timeout: Some(std::time::Duration::from_secs(30)),
             dont_fork: true,
             secret: None,
+            redundancy: crate::redundancy::Redundancy::None,
         }
     }
 }
@@ -149,7 +153,8 @@ impl Config {
     /// `move_install`), `PAGEWISE_DLM_HASH_CLEAN` (0/1: `hash_clean`), `PAGEWISE_DLM_REFERENCES` (0/1: `sample_references`), `PAGEWISE_DLM_AUTO_TUNE` (0/1),
     /// `PAGEWISE_DLM_MIN_SET`, `PAGEWISE_DLM_TUNE_WINDOW_MS`, `PAGEWISE_DLM_DECISIONS` (a file),
     /// `PAGEWISE_DLM_FAULT_TIMEOUT_MS` (0: none), `PAGEWISE_DLM_DONTFORK` (0/1),
-    /// `PAGEWISE_DLM_SECRET` (the servers' shared secret) through `get`.
+    /// `PAGEWISE_DLM_SECRET` (the servers' shared secret), `PAGEWISE_DLM_REDUNDANCY`
+    /// (`none`, `ec:K+M`, `copies:N`) through `get`.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, DlmError> {
         let mut c = Config::default();
         let servers =
@@ -207,6 +212,10 @@ impl Config {
         if let Some(v) = get(SECRET_ENV) {
             c.secret = Some(Secret::new(v).map_err(|e| DlmError::Config(format!("{SECRET_ENV}: {e}")))?);
         }
+        if let Some(v) = get("PAGEWISE_DLM_REDUNDANCY") {
+            c.redundancy = crate::redundancy::Redundancy::parse(&v)
+                .map_err(|e| DlmError::Config(format!("PAGEWISE_DLM_REDUNDANCY: {e}")))?;
+        }
         if let Some(v) = get("PAGEWISE_DLM_FAULT_TIMEOUT_MS") {
             let ms = num("PAGEWISE_DLM_FAULT_TIMEOUT_MS", v)?;
             c.fault_timeout = (ms > 0).then(|| std::time::Duration::from_millis(ms.into()));
@@ -253,6 +262,7 @@ impl Config {
         if self.readahead > 1024 {
             return bad(format!("read-ahead {} units is more than 1024", self.readahead));
         }
+        self.redundancy.check(self.base_page, self.servers.len()).map_err(DlmError::Config)?;
         Ok(())
     }
 }
@@ -293,5 +303,14 @@ mod tests {
         assert!(
             Config::from_lookup(env(&[("PAGEWISE_DLM_SERVERS", "a:1"), ("PAGEWISE_DLM_LOCAL_MEM", "64K")])).is_err()
         );
+        let ec =
+            Config::from_lookup(env(&[("PAGEWISE_DLM_SERVERS", "a:1,b:2,c:3"), ("PAGEWISE_DLM_REDUNDANCY", "ec:2+1")]))
+                .unwrap();
+        assert_eq!(ec.redundancy, crate::redundancy::Redundancy::Erasure { data: 2, parity: 1 });
+        let few =
+            Config::from_lookup(env(&[("PAGEWISE_DLM_SERVERS", "a:1,b:2"), ("PAGEWISE_DLM_REDUNDANCY", "ec:2+1")]));
+        assert!(few.unwrap_err().to_string().contains("at least 3"));
+        let bad = Config::from_lookup(env(&[("PAGEWISE_DLM_SERVERS", "a:1,b:2"), ("PAGEWISE_DLM_REDUNDANCY", "raid")]));
+        assert!(bad.unwrap_err().to_string().contains("PAGEWISE_DLM_REDUNDANCY"));
     }
 }

@@ -30,6 +30,7 @@ pub mod layout;
 mod measure;
 pub mod process;
 pub mod proto;
+pub mod redundancy;
 pub mod runtime;
 pub mod server;
 mod signals;
@@ -37,6 +38,7 @@ pub mod transport;
 pub mod tune;
 
 pub use config::{parse_size, Config, FaultMode};
+pub use redundancy::Redundancy;
 pub use runtime::{Access, Dlm, Stats};
 
 /// Errors of the DLM runtime's API (fault-path failures stop the program instead).
@@ -94,6 +96,12 @@ impl DlmError {
 /// Stop the program: a DLM page can no longer be served correctly. Writes the message to
 /// stderr without allocating (this may run in a signal handler) and aborts.
 pub(crate) fn fatal(args: std::fmt::Arguments<'_>) -> ! {
+    note(args);
+    std::process::abort()
+}
+
+/// Print one line to stderr without allocating (it may run in a signal handler).
+pub(crate) fn note(args: std::fmt::Arguments<'_>) {
     struct Buf {
         b: [u8; 1024],
         n: usize,
@@ -111,7 +119,6 @@ pub(crate) fn fatal(args: std::fmt::Arguments<'_>) -> ! {
     let _ = std::fmt::Write::write_str(&mut buf, "\n");
     // SAFETY: writing our own buffer to fd 2.
     unsafe { libc::write(2, buf.b.as_ptr() as *const libc::c_void, buf.n) };
-    std::process::abort()
 }
 
 /// What DLM offers a user and the kernel capabilities each part uses (`pagewise doctor`).

@@ -8,8 +8,11 @@ pub const VERSION: u8 = 2;
 pub const HEADER_LEN: usize = 32;
 /// Largest payload either side accepts.
 pub const MAX_PAYLOAD: u32 = 64 << 20;
-/// Base page sizes a region may use.
+/// Base page sizes a client may use.
 pub const MIN_BASE_PAGE: u32 = 4096;
+/// Smallest granule a region may use (ALLOC's `B`): a client's base page, or under erasure
+/// coding one piece of it (B/K, `redundancy.rs`).
+pub const MIN_GRANULE: u32 = 256;
 pub const MAX_BASE_PAGE: u32 = 16 << 20;
 /// Replies carry the request's opcode with this bit set.
 pub const REPLY_BIT: u8 = 0x80;

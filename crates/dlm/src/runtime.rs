@@ -123,6 +123,7 @@ mod fault;
 mod frames;
 mod install;
 mod ranges;
+mod redundant;
 mod remote;
 
 use evict::Run;
@@ -433,18 +434,30 @@ impl Dlm {
                 (m, Some(u), umo, zc)
             }
         };
-        let mut conns = Vec::new();
+        let mut links: Vec<(Box<dyn crate::transport::Transport>, String)> = Vec::new();
         for addr in &cfg.servers {
             let t = TcpTransport::open(addr, cfg.secret.as_ref(), cfg.fault_timeout)
                 .map_err(|e| DlmError::Connect { server: addr.clone(), source: e })?;
-            conns.push(Conn {
-                t: Box::new(t),
-                addr: addr.clone(),
+            links.push((Box::new(t), addr.clone()));
+        }
+        // With redundancy the servers are one home to the rest of the runtime: the transport
+        // spreads each unit's pieces over them (`runtime/redundant.rs`).
+        if cfg.redundancy.is_redundant() {
+            let r = redundant::Redundant::new(cfg.redundancy, cfg.base_page, cfg.max_set as usize, links)
+                .map_err(DlmError::Config)?;
+            let name = crate::transport::Transport::peer(&r);
+            links = vec![(Box::new(r), name)];
+        }
+        let conns: Vec<Conn> = links
+            .into_iter()
+            .map(|(t, addr)| Conn {
+                t,
+                addr,
                 next_id: 1,
                 pending: VecDeque::with_capacity(MAX_PENDING),
                 corked: Vec::with_capacity(MAX_PENDING),
-            });
-        }
+            })
+            .collect();
         let zero_copy = memfd && cfg.zero_copy;
         let moving = !memfd && uffd.as_ref().is_some_and(|u| u.has(feature::MOVE));
         let threads = if moving { pagewise_kernel::procfs::ThreadCount::open().ok() } else { None };

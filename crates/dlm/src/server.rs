@@ -24,7 +24,7 @@ use pagewise_kernel::mem::{madvise, Advice, MapOptions, Mapping};
 use serde::Serialize;
 
 use crate::auth::{Secret, NONCE_LEN, PROOF_LEN};
-use crate::proto::{Header, Opcode, Status, HEADER_LEN, MAX_BASE_PAGE, MAX_PAYLOAD, MIN_BASE_PAGE};
+use crate::proto::{Header, Opcode, Status, HEADER_LEN, MAX_BASE_PAGE, MAX_PAYLOAD, MIN_GRANULE};
 use crate::transport::{write_two, HANDSHAKE_TIMEOUT};
 
 /// How long a client's host may go without answering before its connection ends, when
@@ -407,7 +407,7 @@ impl Conn<'_> {
                 self.stream.read_exact(&mut b)?;
                 self.shared.counters.bytes_in.fetch_add(4, Ordering::Relaxed);
                 let base = u32::from_le_bytes(b);
-                if !base.is_power_of_two() || !(MIN_BASE_PAGE..=MAX_BASE_PAGE).contains(&base) {
+                if !base.is_power_of_two() || !(MIN_GRANULE..=MAX_BASE_PAGE).contains(&base) {
                     return self.error(h, Status::BadSize, &format!("bad base page size {base}"), false);
                 }
                 let bytes = h.page.checked_mul(base as u64).filter(|&b| b > 0 && b <= (1u64 << 47));
@@ -496,10 +496,25 @@ impl Conn<'_> {
                     Err((s, m)) => return self.error(h, s, &m, false),
                 };
                 let r = &self.regions[&h.region];
-                // Base pages are whole pages (MIN_BASE_PAGE), so the range is page-aligned:
-                // MADV_DONTNEED frees it and it reads as zeros again.
-                if let Err(e) = madvise(r.mem.addr() + off as usize, len, Advice::DontNeed) {
-                    return self.error(h, Status::Server, &e.to_string(), false);
+                // The whole pages inside the range are freed (MADV_DONTNEED: they read as zeros
+                // again); granules below a page (pieces of a page under erasure coding) leave
+                // partial pages at its ends, which are zeroed.
+                let (start, end) = (r.mem.addr() + off as usize, r.mem.addr() + off as usize + len);
+                let page = pagewise_kernel::mem::page_size();
+                let (inner_start, inner_end) = (start.next_multiple_of(page), end / page * page);
+                let zero = |from: usize, to: usize| {
+                    // SAFETY: [from, to) lies inside the region (checked by range()), which
+                    // only this connection's thread touches.
+                    unsafe { std::ptr::write_bytes(from as *mut u8, 0, to - from) };
+                };
+                if inner_start >= inner_end {
+                    zero(start, end);
+                } else {
+                    zero(start, inner_start);
+                    zero(inner_end, end);
+                    if let Err(e) = madvise(inner_start, inner_end - inner_start, Advice::DontNeed) {
+                        return self.error(h, Status::Server, &e.to_string(), false);
+                    }
                 }
                 self.reply(h, Status::Ok, &[])?;
             }

@@ -3,6 +3,7 @@
 use crate::Experiment;
 
 pub mod dlm_autotune;
+pub mod dlm_failover;
 pub mod dlm_fault;
 pub mod dlm_pagesize;
 pub mod dlm_programs;
@@ -30,6 +31,7 @@ pub fn all() -> Vec<&'static dyn Experiment> {
         &dlm_autotune::DlmAutotune,
         &dlm_vs_swap::DlmVsSwap,
         &dlm_programs::DlmPrograms,
+        &dlm_failover::DlmFailover,
         &reclaim_percore::ReclaimPercore,
         &reclaim_split::ReclaimSplit,
         &spark_hugepages::SparkHugepages,
