@@ -87,18 +87,13 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     let shared = Arc::new(Shared {
         cache,
-        settings: Settings {
-            port: args.port,
-            listen: args.listen,
-            threads: args.threads,
-            max_conns: args.conns,
-            verbose: args.verbose as u32,
-        },
+        settings: Settings { port: args.port, listen: args.listen, threads: args.threads, max_conns: args.conns },
         stats: Default::default(),
         curr_conns: Default::default(),
         total_conns: Default::default(),
         rejected_conns: Default::default(),
         stop: Default::default(),
+        verbosity: (args.verbose as u32).into(),
         hps: control.clone(),
     });
     let stop = shared.clone();

@@ -10,6 +10,8 @@ pub const KEY_MAX: usize = 250;
 pub const LINE_MAX: usize = 64 * 1024;
 /// Tokens of a non-retrieval command (memcached's MAX_TOKENS is 24; more is `ERROR`).
 const MAX_TOKENS: usize = 24;
+/// Highest verbosity level (memcached's MAX_VERBOSITY_LEVEL); larger levels are capped to it.
+pub const MAX_VERBOSITY: u64 = 2;
 /// exptime above this many seconds is an absolute Unix time (protocol.txt, "Expiration times").
 pub const REALTIME_MAXDELTA: i64 = 60 * 60 * 24 * 30;
 
@@ -82,7 +84,9 @@ pub enum Command<'a> {
     },
     Stats(StatsKind),
     Version,
+    /// The new level, capped at [`MAX_VERBOSITY`].
     Verbosity {
+        level: u32,
         noreply: bool,
     },
     Quit,
@@ -228,16 +232,22 @@ pub fn parse(line: &[u8]) -> Result<Command<'_>, ProtoError> {
         },
         b"version" if tokens.len() == 1 => Ok(Command::Version),
         b"quit" if tokens.len() == 1 => Ok(Command::Quit),
-        b"verbosity" => match tokens.len() {
-            2 | 3 => {
-                let noreply = noreply_at(2);
-                if tokens.len() == 3 && !noreply || num_u64(tokens[1]).is_none() {
-                    return Err(ProtoError::new(BAD_FORMAT));
-                }
-                Ok(Command::Verbosity { noreply })
+        b"verbosity" => {
+            if !(2..=3).contains(&tokens.len()) {
+                return Err(ProtoError::new(ERROR));
             }
-            _ => Err(ProtoError::new(ERROR)),
-        },
+            // protocol.txt: "unless \"noreply\" is given as the last parameter". memcached 1.6
+            // takes a last `noreply` before it reads the level, so `verbosity noreply` gets no
+            // reply at all, not even the refusal of its level (memccapable's "ascii
+            // verbosity" sends it and reads nothing back).
+            let noreply = tokens.last().is_some_and(|t| *t == b"noreply");
+            let refuse = ProtoError { reply: BAD_FORMAT, swallow: 0, noreply };
+            if tokens.len() == 3 && !noreply {
+                return Err(refuse);
+            }
+            let level = num_u64(tokens[1]).ok_or(refuse)?;
+            Ok(Command::Verbosity { level: level.min(MAX_VERBOSITY) as u32, noreply })
+        }
         _ => Err(ProtoError::new(ERROR)),
     }
 }
@@ -306,6 +316,18 @@ mod tests {
             parse(b"cas k 1 2 3 99 noreply").unwrap(),
             Command::Store { verb: Store::Cas, flags: 1, exptime: 2, bytes: 3, cas: 99, noreply: true, .. }
         ));
+    }
+
+    #[test]
+    fn verbosity_noreply_silences_even_its_refusal() {
+        assert_eq!(parse(b"verbosity 1").unwrap(), Command::Verbosity { level: 1, noreply: false });
+        assert_eq!(parse(b"verbosity 7 noreply").unwrap(), Command::Verbosity { level: 2, noreply: true });
+        let bare_noreply = parse(b"verbosity noreply").unwrap_err();
+        assert!(bare_noreply.noreply, "memcached 1.6 sends nothing back to `verbosity noreply`");
+        assert_eq!(parse(b"verbosity x").unwrap_err(), ProtoError::new(BAD_FORMAT));
+        assert_eq!(parse(b"verbosity 1 2").unwrap_err(), ProtoError::new(BAD_FORMAT));
+        assert_eq!(parse(b"verbosity").unwrap_err().reply, ERROR);
+        assert_eq!(parse(b"verbosity foo bar my").unwrap_err().reply, ERROR);
     }
 
     #[test]

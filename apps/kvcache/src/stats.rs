@@ -132,7 +132,7 @@ pub fn settings(shared: &Shared, out: &mut Vec<u8>) {
     line(out, "maxconns", s.max_conns);
     line(out, "tcpport", s.port);
     line(out, "interface", if s.listen.is_empty() { "NULL" } else { &s.listen });
-    line(out, "verbosity", s.verbose);
+    line(out, "verbosity", shared.verbosity.load(Ordering::Relaxed));
     line(out, "num_threads", s.threads);
     line(out, "growth_factor", format!("{GROWTH:.2}"));
     line(out, "chunk_size", 48);

@@ -136,6 +136,12 @@ fn table_of_requests_and_exact_replies() {
         (b"verbosity 1\r\n", b"OK\r\n"),
         (b"verbosity\r\n", b"ERROR\r\n"),
         (b"verbosity x\r\n", b"CLIENT_ERROR bad command line format\r\n"),
+        (b"verbosity 1 2\r\n", b"CLIENT_ERROR bad command line format\r\n"),
+        (b"verbosity foo bar my\r\n", b"ERROR\r\n"),
+        // A last `noreply` silences even the refusal (memcached 1.6; memccapable's "ascii
+        // verbosity" failed on the CLIENT_ERROR this used to send).
+        (b"verbosity noreply\r\n", b""),
+        (b"verbosity 0 noreply\r\n", b""),
         (b"stats bogus\r\n", b"ERROR\r\n"),
         (b"stats reset\r\n", b"RESET\r\n"),
         (b"flush_all x\r\n", b"CLIENT_ERROR invalid exptime argument\r\n"),
@@ -237,6 +243,17 @@ fn stats_report_every_section() {
         for m in must {
             assert!(text.contains(m), "{m:?} missing from {text}");
         }
+    }
+    // `verbosity` sets the level `stats settings` shows (capped at 2, as memcached's).
+    for (req, level) in [(&b"verbosity 9\r\n"[..], "2"), (b"verbosity 0\r\n", "0")] {
+        c.exchange(req, b"OK\r\n");
+        c.send(b"stats settings\r\n");
+        let mut got = Vec::new();
+        while !got.ends_with(b"END\r\n") {
+            got.extend(c.read_n(1));
+        }
+        let text = String::from_utf8(got).unwrap();
+        assert!(text.contains(&format!("STAT verbosity {level}\r\n")), "verbosity {level} missing from {text}");
     }
     c.send(b"quit\r\n");
     assert!(c.read_to_close().is_empty());
