@@ -36,6 +36,10 @@ pub const GROWTH: f64 = 1.25;
 /// The smallest chunk: header + 40 bytes (memcached: sizeof(item) + `-n 48`).
 const CHUNK_MIN: usize = 96;
 
+/// An item moves to the head of its LRU at most once in this many seconds (memcached's
+/// ITEM_UPDATE_INTERVAL).
+const LRU_BUMP_SECS: u32 = 60;
+
 const LINKED: u8 = 1;
 const HOT: u8 = 2;
 
@@ -55,7 +59,9 @@ struct Hdr {
     nkey: u8,
     clsid: u8,
     iflags: u8,
-    _pad: [u8; 5],
+    _pad: u8,
+    /// When the item last moved to the head of its LRU, in server seconds.
+    ltime: u32,
 }
 
 const HDR: usize = std::mem::size_of::<Hdr>();
@@ -593,7 +599,8 @@ impl Cache {
             nkey: key.len() as u8,
             clsid: c as u8,
             iflags: 0,
-            _pad: [0; 5],
+            _pad: 0,
+            ltime: self.now(),
         };
         // SAFETY: the key area of the chunk, HDR..HDR+nkey, lies inside the chunk.
         unsafe { std::ptr::copy_nonoverlapping(key.as_ptr(), (it + HDR) as *mut u8, key.len()) };
@@ -653,10 +660,17 @@ impl Cache {
         it
     }
 
+    /// A read or an update of `it`: its access time (the hot window's clock) always, its LRU
+    /// position at most once per [`LRU_BUMP_SECS`]. Moving an item to the head rewrites the
+    /// headers of its two neighbours and of the old head, cache misses on three other items
+    /// (and, under HPS, writes to pages nobody read); memcached likewise relinks an item at
+    /// most once per ITEM_UPDATE_INTERVAL (60 s).
     fn bump(&mut self, it: usize) {
-        let now_ds = self.now_ds();
-        if self.h(it).atime != now_ds {
-            self.h(it).atime = now_ds;
+        let (now, now_ds) = (self.now(), self.now_ds());
+        let h = self.h(it);
+        h.atime = now_ds;
+        if now.wrapping_sub(h.ltime) >= LRU_BUMP_SECS {
+            h.ltime = now;
             self.lru_unlink(it);
             self.lru_link(it);
         }
@@ -1276,6 +1290,25 @@ mod tests {
         }
         c.check().unwrap();
         assert!(!c.get(b"key39999", false, None, &mut out));
+    }
+
+    #[test]
+    fn reads_move_an_item_up_its_lru_at_most_once_a_minute() {
+        let mut c = cache(8);
+        c.store(Store::Set, b"a", 0, 0, b"1", 0);
+        c.store(Store::Set, b"b", 0, 0, b"2", 0);
+        let (a, b) = (c.find_raw(b"a"), c.find_raw(b"b"));
+        let class = c.h(a).clsid as usize;
+        assert_eq!(c.classes[class].lru_head, b);
+        let mut out = Vec::new();
+        assert!(c.get(b"a", false, None, &mut out));
+        assert_eq!(c.classes[class].lru_head, b, "a read within a minute of the store leaves the LRU alone");
+        // A minute later the same read moves the item to the head.
+        c.start -= std::time::Duration::from_secs(u64::from(LRU_BUMP_SECS));
+        assert!(c.get(b"a", false, None, &mut out));
+        assert_eq!(c.classes[class].lru_head, a);
+        assert_eq!(c.classes[class].lru_tail, b);
+        c.check().unwrap();
     }
 
     #[test]
