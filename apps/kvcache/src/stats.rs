@@ -15,20 +15,15 @@ pub struct ServerStats {
     pub errors: AtomicU64,
 }
 
-/// Memory the process holds for the cache, bytes. RSS misses the tracked arena's pages whose
-/// mappings the HPS tracker dropped (they are still in the memfd), so for HPS the shared part of
-/// RSS is replaced by the arenas' own resident bytes.
-pub fn memory_bytes(shared: &Shared) -> u64 {
-    let st = read_status(Pid::SelfProcess).ok();
-    let kb = |v: Option<u64>| v.unwrap_or(0) * 1024;
-    let rss = kb(st.as_ref().and_then(|s| s.vmrss));
-    match &shared.hps {
-        Some(h) => {
-            let (tracked, huge) = h.hps.resident_bytes();
-            rss.saturating_sub(kb(st.as_ref().and_then(|s| s.rssshmem))) + tracked + huge
-        }
-        None => rss,
-    }
+/// Memory the process holds ([`crate::memory`]: RSS, with the HPS arenas' memfds counted by the
+/// pages they hold, which RSS misses once the tracker dropped their mappings). Without the
+/// privilege to read /proc/self/map_files (only needed with HPS), VmRSS, said once on stderr.
+pub fn memory_bytes() -> u64 {
+    crate::memory::process_memory_bytes(Pid::SelfProcess).unwrap_or_else(|e| {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| eprintln!("kvcache: memory_bytes falls back to VmRSS: {e:#}"));
+        read_status(Pid::SelfProcess).ok().and_then(|s| s.vmrss).unwrap_or(0) * 1024
+    })
 }
 
 fn line(out: &mut Vec<u8>, k: &str, v: impl std::fmt::Display) {
@@ -88,7 +83,7 @@ pub fn general(shared: &Shared, out: &mut Vec<u8>) {
     line(out, "evictions", c.evictions);
     // HPS and memory placement.
     line(out, "memory_mode", backing.name());
-    line(out, "memory_bytes", memory_bytes(shared));
+    line(out, "memory_bytes", memory_bytes());
     let usage = read_mem_usage(Pid::SelfProcess).ok();
     let anon_huge = usage.map(|u| u.anon_huge + u.shmem_pmd_mapped + u.shared_hugetlb + u.private_hugetlb).unwrap_or(0);
     line(out, "hugepage_bytes", anon_huge);

@@ -192,6 +192,17 @@ pub fn read_smaps(pid: Pid) -> Result<MemoryMaps> {
     parse_with(&path, &read_file(path.clone())?)
 }
 
+/// Bytes of memory the file mapped at `[start, end)` in process `pid` holds: its allocated
+/// blocks, whether its pages are mapped now or not. stat(2) of /proc/PID/map_files/START-END,
+/// which follows the link to the file itself (proc(5): needs CAP_SYS_ADMIN or
+/// CAP_CHECKPOINT_RESTORE); it works after the process closed its descriptor. For a memfd or
+/// a hugetlbfs file this is the memory behind it: shmem and hugetlbfs count every allocated
+/// page in the inode's blocks.
+pub fn mapped_file_bytes(pid: Pid, start: u64, end: u64) -> Result<u64> {
+    let path = pid.path(&format!("map_files/{start:x}-{end:x}"));
+    std::fs::metadata(&path).map(|m| m.blocks() * 512).map_err(|source| Error::Read { path: path.into(), source })
+}
+
 /// The memory figures experiments sample from smaps_rollup, in bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct MemUsage {
@@ -455,6 +466,23 @@ mod tests {
         tx.send(()).unwrap();
         t.join().unwrap();
         assert!(tc.get().unwrap() >= 1);
+    }
+
+    #[test]
+    fn a_memfds_bytes_include_pages_whose_mapping_was_dropped() {
+        use crate::mem::{self, Advice, MapOptions, Mapping};
+        let fd = mem::memfd_create("procfs-map-files-test", None).unwrap();
+        mem::ftruncate(&fd, 64 << 10).unwrap();
+        let map = Mapping::of_fd(&fd, 64 << 10, 0, &MapOptions { shared: true, ..Default::default() }).unwrap();
+        let (start, end) = (map.addr() as u64, (map.addr() + map.len()) as u64);
+        let page = mem::page_size();
+        // SAFETY: the mapping is 64 KiB long and owned by this test; 4 pages are written.
+        unsafe { std::ptr::write_bytes(map.as_ptr(), 1, 4 * page) };
+        assert_eq!(mapped_file_bytes(Pid::SelfProcess, start, end).unwrap(), 4 * page as u64);
+        // MADV_DONTNEED on a shared mapping drops the page-table entries, not the pages.
+        mem::madvise(map.addr(), map.len(), Advice::DontNeed).unwrap();
+        assert_eq!(mapped_file_bytes(Pid::SelfProcess, start, end).unwrap(), 4 * page as u64);
+        assert!(mapped_file_bytes(Pid::SelfProcess, start, end + page as u64).is_err());
     }
 
     #[test]
