@@ -1,16 +1,24 @@
 //! HPS in a real cache (seed 000, section 6.4): memcached-protocol servers under a YCSB-like
 //! read-only zipfian load (512 B values), throughput and memory, for pagewise-kvcache Default /
 //! THP / HPS and real memcached default and `-L` as peers, all started as real processes and
-//! measured in one run with the repetitions interleaved. Then a drifting hot set on kvcache
-//! with HPS: after three hot sets, how large is the hot arena against one hot set?
+//! measured in one run with the repetitions interleaved. Then kvcache against memcached as the
+//! clients people use see them ([`clients`]): YCSB's own client on workloads C and B (the
+//! headline), memcslap, and the project's generator waiting for each reply. Last, a drifting
+//! hot set on kvcache with HPS: after three hot sets, how large is the hot arena against one
+//! hot set?
 //!
-//! Load: the built-in pipelined generator ([`pagewise_kvcache::load`]): YCSB's key names and
-//! ScrambledZipfianGenerator (0.99), two connections with 64 gets in flight each, every value
-//! checked. Placement: every server runs on the last CPU with one worker thread, the generator
-//! on the first, so the ratios compare the servers, not the scheduler's mixing of client and
-//! server on shared cores (runs of 200,000 reads on shared cores spread 0.68–1.23 around their
-//! median ratio). The server's core is not always the one that sets the pace: wall-clock
-//! throughput below the CPU-second figure shows the server waiting on the generator's core.
+//! Load of the first part: the built-in pipelined generator ([`pagewise_kvcache::load`]): YCSB's
+//! key names and ScrambledZipfianGenerator (0.99), two connections with 64 gets in flight
+//! each, every value checked, the same number of reads on every server. Deep pipelining is
+//! where kvcache's reply batching pays most (memcached 1.6 sends about one `sendmsg` per two
+//! replies there), so the kvcache/memcached ratio of this load is reported as such
+//! (`kvcache_vs_memcached_pipelined_*`) and never as what a client that waits for each reply
+//! gets (`kvcache_vs_memcached_{reqresp,ycsb_c,ycsb_b,memcslap}_*`). Placement: every server
+//! runs on the last CPU with one worker thread, the clients on the first, so the ratios compare
+//! the servers, not the scheduler's mixing of client and server on shared cores (runs of
+//! 200,000 reads on shared cores spread 0.68–1.23 around their median ratio). The server's
+//! core is not always the one that sets the pace: wall-clock throughput below the CPU-second
+//! figure shows the server waiting on the client's core.
 //!
 //! Throughput is gets per second of the server process's own CPU time (its per-process CPU
 //! clock, which leaves out time the hypervisor stole), and per wall-clock second as the `_wall`
@@ -20,21 +28,21 @@
 //! per wall-clock second (0.87–2.58, 0.83–1.50, 0.71–0.99), and in one of 21 shorter pairs
 //! 1.028 (0.84–1.18) and 1.073 (0.85–1.83): wall-clock throughput also follows how fast the
 //! host runs the load generator's core from one second to the next. So the CPU-second ratios
-//! are the headline, every ratio comes with its spread and the 95% interval of its median
-//! (order statistics, no assumption on the distribution: [`median_ci95`]), and a quick run
-//! resolves a few percent at best, not the 1% of the paper's 99.4%.
+//! are the headline of the HPS comparisons, every ratio comes with its spread and the 95%
+//! interval of its median (order statistics, no assumption on the distribution:
+//! [`median_ci95`]), and a quick run resolves a few percent at best, not the 1% of the paper's
+//! 99.4%.
 //!
-//! Memory: for kvcache the server's own `memory_bytes` (RSS, with the HPS tracked
-//! arena counted by its memfd's blocks: RSS misses pages whose mappings the tracker dropped);
-//! for memcached VmRSS.
+//! Memory: one definition for every server, [`pagewise_kvcache::memory`]: RSS, with every
+//! memfd counted by the pages it holds. RSS alone misses the pages of HPS's tracked arena
+//! whose mappings the tracker dropped, in kvcache as in memcached under `pagewise hps run`.
 
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use pagewise_kernel::cpu::process_cpu_time;
-use pagewise_kernel::procfs::read_cpu_steal;
+use pagewise_kernel::procfs::{read_cpu_steal, Pid};
 use pagewise_kvcache::load::{self, Choice};
 use serde_json::json;
 
@@ -42,6 +50,9 @@ use crate::harness::{placement, PinnedThread};
 use crate::report::{Plot, Report, Table};
 use crate::stats::{median_ci95, Summary};
 use crate::{Context, Experiment};
+
+mod clients;
+mod drift;
 
 pub struct HpsKvcache;
 
@@ -204,13 +215,11 @@ fn stat(addr: &str, name: &str) -> anyhow::Result<u64> {
         .ok_or_else(|| anyhow::anyhow!("{addr}: no numeric stat {name}"))
 }
 
-/// Memory of the server process, bytes.
+/// Memory of the server process, bytes: the same definition for every server
+/// ([`pagewise_kvcache::memory`]), which kvcache's own `memory_bytes` stat uses too.
 fn memory(r: &Running) -> anyhow::Result<u64> {
-    if r.config.is_kvcache() {
-        return stat(&r.addr, "memory_bytes");
-    }
-    let st = pagewise_kernel::procfs::read_status(pagewise_kernel::procfs::Pid::Id(r.server_pid))?;
-    Ok(st.vmrss.unwrap_or(0) * 1024)
+    pagewise_kvcache::memory::process_memory_bytes(Pid::Id(r.server_pid))
+        .map_err(|e| anyhow::anyhow!("memory of {} (pid {}): {e:#}", r.config.name(), r.server_pid))
 }
 
 /// Whether HPS's tracking has stopped (placement converged): kvcache's `tracking` stat, or for
@@ -239,14 +248,19 @@ impl Experiment for HpsKvcache {
 
     fn run(&self, ctx: &mut Context) -> anyhow::Result<Report> {
         let records: u64 = ctx.mode.pick(400_000, 800_000);
-        // Quick: many short pairs (about 0.5 s a run on kvcache, 0.9 s on memcached, which is
-        // five times slower) rather than 7 of 1,000,000 reads in the same time: the median of a
-        // paired ratio narrows with the number of pairs, and two identical servers' 7-pair
-        // medians strayed by up to 10%. Its 95% interval is reported with it.
-        let kv_reads: u64 = ctx.mode.pick(300_000, 2_000_000);
-        let mc_reads: u64 = ctx.mode.pick(100_000, 2_000_000);
-        let reads_of = |c: Config| if c.is_kvcache() { kv_reads } else { mc_reads };
-        let reps: usize = ctx.mode.pick(41, 10);
+        // The same reads on every server (memcached pipelined is about five times slower per
+        // run than kvcache, so its runs take longer). Quick: many short pairs rather than a few
+        // long ones: the median of a paired ratio narrows with the number of pairs, and two
+        // identical servers' 7-pair medians strayed by up to 10%. Its 95% interval is reported.
+        let reads: u64 = ctx.mode.pick(200_000, 2_000_000);
+        let reps: usize = ctx.mode.pick(25, 10);
+        // The clients that wait for each reply: pairs, operations per run, YCSB threads.
+        let rr_pairs: usize = ctx.mode.pick(11, 21);
+        let rr_ops: u64 = ctx.mode.pick(40_000, 200_000);
+        let (ycsb_pairs, ycsb_records, ycsb_ops, ycsb_threads) =
+            (ctx.mode.pick(7, 11), ctx.mode.pick(50_000, 200_000), ctx.mode.pick(20_000, 100_000), 4);
+        let slap_pairs: usize = ctx.mode.pick(11, 21);
+        let slap_execute: u64 = ctx.mode.pick(20_000, 50_000);
         let place = placement();
         let _pinned = place.map(|p| PinnedThread::to(p.client)).transpose()?;
         // A timed run of zipfian gets (every value checked when `verify`).
@@ -254,11 +268,20 @@ impl Experiment for HpsKvcache {
             load::run(addr, records, Choice::Zipfian, VALUE, CONNS, DEPTH, ops, Duration::from_secs(120), verify, seed)
         };
         let have_memcached = find_in_path("memcached").is_some();
+        let ycsb = clients::Ycsb::find();
+        let memcslap_bin = find_in_path("memcslap");
         let mut configs = vec![Config::Default, Config::Thp, Config::Hps, Config::ThpAgain];
         if have_memcached {
             configs.extend([Config::Memcached, Config::MemcachedL, Config::MemcachedHps]);
         }
-        ctx.start_progress((configs.len() * (reps + 2)) as u64 + 4, "loading");
+        let peer_ticks = if have_memcached {
+            2 * rr_pairs
+                + if ycsb.is_ok() { 4 * ycsb_pairs } else { 0 }
+                + if memcslap_bin.is_some() { 2 * slap_pairs } else { 0 }
+        } else {
+            0
+        };
+        ctx.start_progress((configs.len() * (reps + 2) + peer_ticks) as u64 + 4, "loading");
         let t0 = Instant::now();
         // The paper's THP memory point: the whole cache on hugepages from the start (memcached
         // -L does the same; kvcache's own THP mode only advises its slab area, which is filled
@@ -267,7 +290,7 @@ impl Experiment for HpsKvcache {
             let r = start(Config::ThpL, &[])?;
             let l = load::load(&r.addr, 0, records, VALUE, 2, 64)?;
             anyhow::ensure!(l.bad == 0, "{}: {} stores not STORED", Config::ThpL.name(), l.bad);
-            read_zipfian(&r.addr, kv_reads, false, 99)?;
+            read_zipfian(&r.addr, reads, false, 99)?;
             let m = memory(&r)? as f64;
             ctx.tick();
             m
@@ -292,11 +315,11 @@ impl Experiment for HpsKvcache {
         let warm_limit = Duration::from_secs(ctx.mode.pick(45, 90));
         for (i, r) in servers.iter().enumerate() {
             ctx.message(format!("warming {}", r.config.name()));
-            read_zipfian(&r.addr, kv_reads, false, 99)?;
+            read_zipfian(&r.addr, reads, false, 99)?;
             if matches!(r.config, Config::Hps | Config::MemcachedHps) {
                 let t = Instant::now();
                 while !converged(r)? && t.elapsed() < warm_limit {
-                    read_zipfian(&r.addr, kv_reads / 4, false, 98)?;
+                    read_zipfian(&r.addr, reads / 4, false, 98)?;
                     hps_warm_runs += 1;
                 }
                 warm.push((r.config, t.elapsed().as_secs_f64(), converged(r)?));
@@ -304,11 +327,9 @@ impl Experiment for HpsKvcache {
             mem_series[i].push((t0.elapsed().as_secs_f64(), memory(r)? as f64 / (1 << 20) as f64));
             ctx.tick();
         }
-        ctx.message("measuring");
-        let mut tput: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
-        // Gets per second of the server's own CPU time (steal excluded), and the share of the
-        // run the hypervisor stole from the server's CPU.
-        let mut per_core: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+        ctx.message("measuring (pipelined)");
+        let mut runs: Vec<Vec<clients::Run>> = vec![Vec::new(); configs.len()];
+        // The share of each run the hypervisor stole from the server's CPU.
         let mut steal: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
         let mut mem: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
         let server_cpu = place.map_or(0, |p| p.server);
@@ -318,9 +339,13 @@ impl Experiment for HpsKvcache {
                 if rep % 2 == 0 { (0..servers.len()).collect() } else { (0..servers.len()).rev().collect() };
             for i in order {
                 let r = &servers[i];
-                let (cpu0, steal0) = (process_cpu_time(r.server_pid)?, read_cpu_steal(server_cpu)?);
-                let res = read_zipfian(&r.addr, reads_of(r.config), true, rep as u64)?;
-                let (cpu1, steal1) = (process_cpu_time(r.server_pid)?, read_cpu_steal(server_cpu)?);
+                let steal0 = read_cpu_steal(server_cpu)?;
+                let mut res = Default::default();
+                let run = clients::measured(r.server_pid, || {
+                    res = read_zipfian(&r.addr, reads, true, rep as u64)?;
+                    Ok((res.ops as f64, res.secs))
+                })?;
+                let steal1 = read_cpu_steal(server_cpu)?;
                 anyhow::ensure!(
                     res.bad == 0 && res.misses == 0,
                     "{}: {} wrong values, {} misses",
@@ -328,8 +353,7 @@ impl Experiment for HpsKvcache {
                     res.bad,
                     res.misses
                 );
-                tput[i].push(res.ops_per_sec());
-                per_core[i].push(res.ops as f64 / (cpu1 - cpu0).as_secs_f64().max(1e-9));
+                runs[i].push(run);
                 steal[i].push((steal1 - steal0).as_secs_f64() / res.secs.max(1e-9));
                 let m = memory(r)? as f64;
                 mem[i].push(m);
@@ -337,17 +361,51 @@ impl Experiment for HpsKvcache {
                 ctx.tick();
             }
         }
+        let tput: Vec<Vec<f64>> = runs.iter().map(|v| v.iter().map(clients::Run::throughput).collect()).collect();
+        let per_core: Vec<Vec<f64>> =
+            runs.iter().map(|v| v.iter().map(clients::Run::per_server_cpu).collect()).collect();
         let hps_stats: Vec<(String, String)> = servers
             .iter()
             .find(|r| r.config == Config::Hps)
             .map(|r| load::stats(&r.addr))
             .transpose()?
             .unwrap_or_default();
+        let idx = |c: Config| configs.iter().position(|&x| x == c);
+
+        // kvcache against memcached as the clients that wait for each reply see them.
+        let mut peers: Vec<clients::Paired> = Vec::new();
+        if let (Some(kv), Some(mc)) = (idx(Config::Default), idx(Config::Memcached)) {
+            let mut pipelined = clients::Paired::new(
+                "pipelined",
+                format!("project generator, {CONNS} connections × {DEPTH} gets in flight, every value checked"),
+            );
+            pipelined.kv = runs[kv].clone();
+            pipelined.mc = runs[mc].clone();
+            peers.push(pipelined);
+            ctx.message("measuring (request/response)");
+            peers.push(clients::request_response(ctx, &servers[kv], &servers[mc], records, rr_ops, rr_pairs, 4)?);
+        }
         drop(servers);
+        if have_memcached && (ycsb.is_ok() || memcslap_bin.is_some()) {
+            // Fresh servers: YCSB loads its own records (its keys, 10 fields of 100 bytes).
+            let (kv, mc) = (start(Config::Default, &[])?, start(Config::Memcached, &[])?);
+            if let Ok(y) = &ycsb {
+                ctx.message("YCSB");
+                peers.extend(clients::ycsb(ctx, y, &kv, &mc, ycsb_records, ycsb_ops, ycsb_pairs, ycsb_threads)?);
+            }
+            if let Some(bin) = &memcslap_bin {
+                ctx.message("memcslap");
+                peers.push(clients::memcslap(ctx, bin, &kv, &mc, slap_pairs, 2, slap_execute)?);
+            }
+        }
+
+        // Drift: three hot sets in turn, each one record in 64 (sparse: compacted, not promoted).
+        ctx.message("drifting hot set");
+        let drift = drift::drift_phase()?;
+        ctx.tick();
 
         // Paired ratios per repetition (the configurations of a repetition ran back to back),
         // of gets per second of the server's CPU time (the headline) or per wall-clock second.
-        let idx = |c: Config| configs.iter().position(|&x| x == c);
         let paired = |series: &[Vec<f64>], a: Config, b: Config| -> Option<Vec<f64>> {
             let (a, b) = (idx(a)?, idx(b)?);
             Some((0..reps).map(|k| series[a][k] / series[b][k]).collect())
@@ -370,23 +428,6 @@ impl Experiment for HpsKvcache {
         // reported too.
         let rss_inc_ratio = if thp_l_inc > 0.0 { hps_inc.max(0.0) / thp_l_inc } else { f64::NAN };
         let rss_inc_ratio_madvise = if thp_inc > 0.0 { hps_inc.max(0.0) / thp_inc } else { f64::NAN };
-
-        // Third opinion: YCSB itself (bench/ycsb), if built, on kvcache Default and memcached.
-        ctx.message("YCSB");
-        let ycsb = if have_memcached {
-            ycsb_compare(ctx.mode.pick(50_000, 800_000), ctx.mode.pick(100_000, 800_000))
-        } else {
-            None
-        };
-
-        ctx.message("memcslap");
-        // A third opinion, not a paired headline: fewer runs than the pairs above.
-        let slap = if have_memcached { memcslap_compare(ctx.mode.pick(11, 10)) } else { None };
-
-        // Drift: three hot sets in turn, each one record in 64 (sparse: compacted, not promoted).
-        ctx.message("drifting hot set");
-        let drift = drift_phase()?;
-        ctx.tick();
 
         let mut report = Report::default();
         let mut table = Table::new([
@@ -419,7 +460,6 @@ impl Experiment for HpsKvcache {
         // second, each with the spread of the paired runs. THP / THP again: how far two
         // identical servers' paired ratio strays, the resolution of the others.
         for (key, a, b) in [
-            ("kvcache_vs_memcached", Config::Default, Config::Memcached),
             ("hps_vs_thp_throughput", Config::Hps, Config::Thp),
             ("thp_vs_thp_again_throughput", Config::Thp, Config::ThpAgain),
             ("memcached_hps_vs_largepages", Config::MemcachedHps, Config::MemcachedL),
@@ -439,6 +479,13 @@ impl Experiment for HpsKvcache {
                 }
             }
         }
+        // kvcache / memcached, load by load: `kvcache_vs_memcached_{load}_throughput` (per
+        // wall-clock second: what the client gets) and `…_per_server_cpu`.
+        let mut peer_table = clients::table();
+        for p in &peers {
+            p.figures(&mut report);
+            p.row(&mut peer_table);
+        }
         let all_steal: Vec<f64> = steal.iter().flatten().copied().collect();
         report.figure("server_cpu_steal_share_median", median(&all_steal));
         report.figure(
@@ -450,7 +497,7 @@ impl Experiment for HpsKvcache {
             if rss_inc_ratio_madvise.is_nan() { serde_json::Value::Null } else { json!(rss_inc_ratio_madvise) },
         );
         report.figure("hot_arena_vs_hot_set_after_drift", drift.ratio);
-        // RSS increase over memcached default: under `pagewise hps run` against `-L`.
+        // Memory increase over memcached default: under `pagewise hps run` against `-L`.
         let mc_inc = |c: Config| Some(med_mem(c)? - med_mem(Config::Memcached)?);
         report.figure(
             "memcached_hps_rss_increase_vs_largepages",
@@ -459,18 +506,6 @@ impl Experiment for HpsKvcache {
                 _ => serde_json::Value::Null,
             },
         );
-        if let Some((kv, mc)) = ycsb {
-            report.figure("ycsb_kvcache_vs_memcached", kv / mc);
-            report.figure("ycsb_kvcache_ops_s", kv);
-            report.figure("ycsb_memcached_ops_s", mc);
-        } else {
-            report
-                .note("YCSB (bench/ycsb) not built or memcached missing: run `make ycsb` for the YCSB third opinion.");
-        }
-        match slap {
-            Some(r) => report.figure("memcslap_kvcache_vs_memcached", r),
-            None => report.note("memcslap (libmemcached-tools) missing: no memcslap opinion."),
-        }
         report.figure("thp_rss_increase_mib", thp_inc / (1 << 20) as f64);
         report.figure("thp_largepages_rss_increase_mib", thp_l_inc / (1 << 20) as f64);
         report.figure("hps_rss_increase_mib", hps_inc / (1 << 20) as f64);
@@ -487,8 +522,8 @@ impl Experiment for HpsKvcache {
         ]);
         report.table(
             format!(
-                "{records} records of {VALUE} B, {kv_reads} (kvcache) or {mc_reads} (memcached) zipfian reads per run, \
-                 {reps} interleaved runs"
+                "{records} records of {VALUE} B, {reads} zipfian reads per run on every server, {CONNS} connections × \
+                 {DEPTH} pipelined gets, {reps} interleaved runs"
             ),
             table,
         );
@@ -527,7 +562,14 @@ impl Experiment for HpsKvcache {
                 ]);
             }
         }
-        report.table("throughput ratios of the runs above, each pair measured back to back", rt);
+        report.table("throughput ratios of the pipelined runs above, each pair measured back to back", rt);
+        if !peers.is_empty() {
+            report.table(
+                "kvcache Default / memcached by client: the same operations on both, pairs back to back in \
+                 alternating order; YCSB is the headline",
+                peer_table,
+            );
+        }
         let mut dt = Table::new([
             "phase",
             "hot items",
@@ -563,28 +605,47 @@ impl Experiment for HpsKvcache {
         report.plots.push(tp_plot);
         report.plots.push(mem_plot);
         report.data = json!({
-            "records": records, "reads_kvcache": kv_reads, "reads_memcached": mc_reads, "reps": reps, "value_bytes": VALUE, "memory_limit_mb": MEM_MB,
+            "records": records, "reads": reads, "reps": reps, "value_bytes": VALUE, "memory_limit_mb": MEM_MB,
             "configs": configs.iter().map(|c| c.name()).collect::<Vec<_>>(),
             "throughput_ops_s": tput, "gets_per_server_cpu_s": per_core, "server_cpu_steal_share": steal, "memory_bytes": mem, "memory_before_load_bytes": base_mem,
             "thp_largepages_memory_bytes": thp_l_mem,
             "memory_series_mib": mem_series, "hps_warmup_runs": hps_warm_runs,
             "hps_warmup": warm.iter().map(|(c, secs, conv)| json!({"server": c.name(), "seconds": secs, "converged": conv})).collect::<Vec<_>>(),
             "hps_stats": hps_stats.into_iter().map(|(k, v)| (k, json!(v))).collect::<serde_json::Map<_, _>>(),
+            "kvcache_vs_memcached_by_client": peers.iter().map(clients::Paired::data).collect::<Vec<_>>(),
+            "ycsb": {"records": ycsb_records, "operations": ycsb_ops, "threads": ycsb_threads},
             "drift": drift.phases.iter().map(|p| json!({"phase": p.phase, "hot_items": p.hot_items, "hot_set_bytes": p.hot_set, "hot_arena_bytes": p.arena, "compacted": p.compacted, "demoted": p.demoted, "promoted_regions": p.promoted})).collect::<Vec<_>>(),
         });
         if !have_memcached {
-            report.note("memcached is not installed (`make deps` installs it): the peer rows and kvcache_vs_memcached are missing.");
+            report.note("memcached is not installed (`make deps`): the peer rows and every kvcache_vs_memcached figure are missing.");
+        } else {
+            if let Err(why) = &ycsb {
+                report.note(format!("No YCSB figures (the headline): {why}."));
+            }
+            if memcslap_bin.is_none() {
+                report.note("memcslap (libmemcached-tools, `make deps`) missing: no memcslap figures.");
+            }
         }
+        report.note(
+            "kvcache / memcached is reported per load, each run with the same operations on both servers: \
+             `kvcache_vs_memcached_{ycsb_c,ycsb_b}_*` (YCSB's own client, the headline: what a user of the \
+             standard benchmark gets), `…_memcslap_*`, `…_reqresp_*` (the project's generator, one get in \
+             flight per connection) and `…_pipelined_*` (the project's generator, 64 gets in flight per \
+             connection: deep pipelining, where kvcache's reply batching saves most and no client that waits \
+             for each reply sees that figure). `_throughput` is operations per wall-clock second of the client, \
+             `_per_server_cpu` operations per second of the server process's CPU time.",
+        );
         report.note(format!(
             "Throughput is gets per second of the server process's own CPU time (its per-process CPU clock, all threads, \
              without time the hypervisor stole: median steal on the server's CPU {:.0}%, up to {:.0}% in a run), so a \
              server's throughput on a core of its own; the `_wall` keys are gets per wall-clock second. Ratios are medians \
              of per-run paired ratios. `kvcache THP / kvcache THP (again)` pairs two identical servers: how far a ratio \
              strays by chance, per CPU-second and per wall-clock second — wall-clock throughput also follows how fast the \
-             host runs the load generator's core, second by second. Memory is the median over runs of the value after each run \
-             (kvcache: its `memory_bytes` stat, memcached: VmRSS). HPS was warmed until its tracking stopped (kvcache: its \
-             `tracking` stat; memcached under `pagewise hps run`: the state its tracker publishes), at most {} s each: {} — \
-             the paper too measured HPS after its promotions. Runs alternate A…Z, Z…A. {} \
+             host runs the load generator's core, second by second. Memory is the median over runs of the value after each run, \
+             the same definition for every server: RSS, with every memfd counted by the pages it holds (RSS misses the \
+             pages of HPS's tracked arena whose mappings the tracker dropped). HPS was warmed until its tracking stopped \
+             (kvcache: its `tracking` stat; memcached under `pagewise hps run`: the state its tracker publishes), at most \
+             {} s each: {} — the paper too measured HPS after its promotions. Runs alternate A…Z, Z…A. {} \
              Memory increase over kvcache Default: THP -L (the whole cache on hugepages from the start, the paper's THP point: \
              +96.2% there) {:.1} MiB, THP (MADV_HUGEPAGE on the slab area, filled densely in order) {:.1} MiB, HPS {:.1} MiB; \
              `hps_vs_thp_rss_increase` is HPS's over THP -L's, `hps_vs_thp_madvise_rss_increase` over THP's.",
@@ -602,8 +663,8 @@ impl Experiment for HpsKvcache {
                 .join("; "),
             match place {
                 Some(p) => format!(
-                    "Load generator: {CONNS} connections × {DEPTH} pipelined gets on CPU {}; every server on CPU {} with one \
-                     worker thread.",
+                    "Clients on CPU {} (the generator: {CONNS} connections × {DEPTH} pipelined gets); every server on \
+                     CPU {} with one worker thread.",
                     p.client, p.server
                 ),
                 None => format!("Load generator: {CONNS} connections × {DEPTH} pipelined gets on the server's one CPU."),
@@ -614,138 +675,4 @@ impl Experiment for HpsKvcache {
         ));
         Ok(report)
     }
-}
-
-/// YCSB's own client (bench/ycsb, workloads/hps with fewer records) on kvcache Default and
-/// memcached: run-phase throughput of each, or None when the binding is not built.
-fn ycsb_compare(records: u64, ops: u64) -> Option<(f64, f64)> {
-    let root = std::env::current_exe().ok()?.parent()?.parent()?.parent()?.join("bench/ycsb");
-    let jar = root.join("target/pagewise-ycsb-0.1.0.jar");
-    if !jar.exists() || find_in_path("java").is_none() {
-        return None;
-    }
-    let cp = format!("{}:{}/target/lib/*", jar.display(), root.display());
-    let workload = root.join("workloads/hps");
-    let run = |addr: &str, phase: &str| -> Option<f64> {
-        let out = Command::new("java")
-            .args(["-cp", &cp, "site.ycsb.Client", phase, "-db", "dev.pagewise.ycsb.MemcachedClient", "-P"])
-            .arg(&workload)
-            .args(["-p", &format!("recordcount={records}"), "-p", &format!("operationcount={ops}")])
-            .args(["-p", &format!("memcached.hosts={addr}"), "-threads", "2"])
-            .stderr(Stdio::null())
-            .output()
-            .ok()?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let ok = text.lines().any(|l| l.contains("Return=OK")) && !text.lines().any(|l| l.contains("Return=ERROR"));
-        let tp = text
-            .lines()
-            .find(|l| l.starts_with("[OVERALL], Throughput(ops/sec)"))?
-            .rsplit(", ")
-            .next()?
-            .trim()
-            .parse()
-            .ok()?;
-        ok.then_some(tp)
-    };
-    let mut res = Vec::new();
-    for c in [Config::Default, Config::Memcached] {
-        let r = start(c, &[]).ok()?;
-        run(&r.addr, "-load")?;
-        res.push(run(&r.addr, "-t")?);
-    }
-    Some((res[0], res[1]))
-}
-
-/// memcslap (libmemcached-tools) `--test=get` on kvcache Default and memcached, `reps`
-/// interleaved runs: median of the paired kvcache/memcached ratios of get rates.
-fn memcslap_compare(reps: usize) -> Option<f64> {
-    let bin = find_in_path("memcslap")?;
-    let rate = |addr: &str| -> Option<f64> {
-        let out = Command::new(&bin)
-            .args([&format!("--servers={addr}"), "--concurrency=2", "--execute-number=50000", "--test=get"])
-            .stderr(Stdio::null())
-            .output()
-            .ok()?;
-        // "Time to get           100000 keys by    2 threads:     1.824 seconds."
-        let text = String::from_utf8_lossy(&out.stdout);
-        let line = text.lines().find(|l| l.starts_with("Time to get"))?;
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let keys: f64 = words.get(3)?.parse().ok()?;
-        let secs: f64 = words.get(words.len() - 2)?.parse().ok()?;
-        (secs > 0.0).then_some(keys / secs)
-    };
-    let kv = start(Config::Default, &[]).ok()?;
-    let mc = start(Config::Memcached, &[]).ok()?;
-    let ratios: Vec<f64> = (0..reps).filter_map(|_| Some(rate(&kv.addr)? / rate(&mc.addr)?)).collect();
-    (!ratios.is_empty()).then(|| median(&ratios))
-}
-
-struct DriftPhase {
-    phase: u64,
-    hot_items: u64,
-    hot_set: u64,
-    arena: u64,
-    compacted: u64,
-    demoted: u64,
-    promoted: u64,
-    bad: u64,
-}
-
-struct Drift {
-    phases: Vec<DriftPhase>,
-    ratio: f64,
-}
-
-/// kvcache HPS with 200k records; three hot sets in turn; after each has settled (tracking
-/// restarted, placed, stopped again) read the hot arena and hot set sizes.
-fn drift_phase() -> anyhow::Result<Drift> {
-    const RECORDS: u64 = 200_000;
-    const STRIDE: u64 = 64;
-    let r = start(Config::Hps, &["--hot-window-ms", "1000", "--converge-ticks", "10", "--hps-threshold", "3"])?;
-    let l = load::load(&r.addr, 0, RECORDS, VALUE, 2, 64)?;
-    anyhow::ensure!(l.bad == 0, "drift load: {} stores failed", l.bad);
-    let mut phases = Vec::new();
-    let mut restarts = stat(&r.addr, "tracking_restarts")?;
-    for phase in 0..3u64 {
-        let t = Instant::now();
-        let mut bad = 0;
-        loop {
-            let res = load::run(
-                &r.addr,
-                RECORDS,
-                Choice::Strided { stride: STRIDE, phase },
-                VALUE,
-                1,
-                16,
-                u64::MAX,
-                Duration::from_millis(500),
-                true,
-                phase,
-            )?;
-            bad += res.bad + res.misses;
-            let restarted = phase == 0 || stat(&r.addr, "tracking_restarts")? > restarts;
-            if restarted && stat(&r.addr, "tracking")? == 0 && stat(&r.addr, "hot_items")? > 0 {
-                break;
-            }
-            anyhow::ensure!(t.elapsed() < Duration::from_secs(90), "drift phase {phase} did not settle in 90 s");
-        }
-        restarts = stat(&r.addr, "tracking_restarts")?;
-        phases.push(DriftPhase {
-            phase,
-            hot_items: stat(&r.addr, "hot_items")?,
-            hot_set: stat(&r.addr, "hot_set_bytes")?,
-            arena: stat(&r.addr, "hot_arena_bytes")?,
-            compacted: stat(&r.addr, "compacted_items")?,
-            demoted: stat(&r.addr, "demoted_items")?,
-            promoted: stat(&r.addr, "promoted_regions")?,
-            bad,
-        });
-    }
-    let last = phases.last().expect("three phases");
-    // One phase's hot set in bytes of slab chunks: every record of the phase, at its chunk size
-    // (the server's hot_set_bytes counts only what it moved; promoted items would be missing).
-    let chunk = stat(&r.addr, "hot_set_bytes")? / stat(&r.addr, "hot_items")?.max(1);
-    let phase_bytes = RECORDS / STRIDE * chunk;
-    let ratio = last.arena as f64 / phase_bytes.max(1) as f64;
-    Ok(Drift { phases, ratio })
 }

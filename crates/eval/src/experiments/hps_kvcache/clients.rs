@@ -1,0 +1,411 @@
+//! kvcache Default against memcached as clients see them, load by load: the project's generator
+//! pipelining gets or waiting for each reply, YCSB's own client (workloads C and B) and
+//! memcslap. Every load runs the same operations on both servers, in pairs run back to back
+//! with the order alternating (kvcache first, then memcached first), and is reported twice:
+//! operations per wall-clock second (what the client gets) and operations per second of the
+//! server process's CPU time (what the server spends; the only figure a busy machine does not
+//! blur much, since the server has its own core).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use pagewise_kernel::cpu::process_cpu_time;
+use pagewise_kvcache::load::{self, Choice};
+use serde_json::json;
+
+use super::{find_in_path, Running, VALUE};
+use crate::report::{Report, Table};
+use crate::stats::{median_ci95, Summary};
+use crate::Context;
+
+/// One run of a load on one server.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Run {
+    /// Operations the client timed, and the seconds they took.
+    pub ops: f64,
+    pub secs: f64,
+    /// Operations the server served while its CPU time was measured (more than `ops` when the
+    /// client also did untimed work on it, as memcslap's sets).
+    pub server_ops: f64,
+    /// CPU time of the server process (all its threads) during the run.
+    pub cpu_secs: f64,
+}
+
+impl Run {
+    pub fn throughput(&self) -> f64 {
+        self.ops / self.secs.max(1e-9)
+    }
+    pub fn per_server_cpu(&self) -> f64 {
+        self.server_ops / self.cpu_secs.max(1e-9)
+    }
+    fn ops(&self) -> f64 {
+        self.ops
+    }
+}
+
+/// Run `f` (which returns the operations it timed and the seconds they took) and measure the
+/// server's CPU time meanwhile.
+pub(super) fn measured(server_pid: i32, f: impl FnOnce() -> anyhow::Result<(f64, f64)>) -> anyhow::Result<Run> {
+    let cpu0 = process_cpu_time(server_pid)?;
+    let (ops, secs) = f()?;
+    let cpu1 = process_cpu_time(server_pid)?;
+    Ok(Run { ops, secs, server_ops: ops, cpu_secs: (cpu1 - cpu0).as_secs_f64() })
+}
+
+/// One load's runs on kvcache and on memcached; `kv[k]` and `mc[k]` ran back to back.
+pub(super) struct Paired {
+    /// The load's name in the summary keys.
+    pub load: &'static str,
+    /// What the client was, for the table.
+    pub client: String,
+    pub kv: Vec<Run>,
+    pub mc: Vec<Run>,
+}
+
+impl Paired {
+    pub fn new(load: &'static str, client: impl Into<String>) -> Self {
+        Paired { load, client: client.into(), kv: Vec::new(), mc: Vec::new() }
+    }
+
+    /// Pair number `k` (its number sets the order: kvcache first when even, memcached first
+    /// when odd): `one` on both servers, back to back.
+    pub fn pair(
+        &mut self,
+        ctx: &Context,
+        k: usize,
+        kv: &Running,
+        mc: &Running,
+        one: &mut impl FnMut(&Running, usize) -> anyhow::Result<Run>,
+    ) -> anyhow::Result<()> {
+        let mut run = |r: &Running| {
+            let res = one(r, k).map_err(|e| anyhow::anyhow!("{} on {}: {e:#}", self.load, r.config.name()));
+            ctx.tick();
+            res
+        };
+        let (kv_run, mc_run) = if k.is_multiple_of(2) {
+            let a = run(kv)?;
+            (a, run(mc)?)
+        } else {
+            let b = run(mc)?;
+            (run(kv)?, b)
+        };
+        self.kv.push(kv_run);
+        self.mc.push(mc_run);
+        Ok(())
+    }
+
+    /// `pairs` pairs of `one`.
+    pub fn interleave(
+        mut self,
+        ctx: &Context,
+        pairs: usize,
+        kv: &Running,
+        mc: &Running,
+        mut one: impl FnMut(&Running, usize) -> anyhow::Result<Run>,
+    ) -> anyhow::Result<Self> {
+        for k in 0..pairs {
+            self.pair(ctx, k, kv, mc, &mut one)?;
+        }
+        Ok(self)
+    }
+
+    fn ratios(&self, per: fn(&Run) -> f64) -> Vec<f64> {
+        self.kv.iter().zip(&self.mc).map(|(k, m)| per(k) / per(m)).collect()
+    }
+
+    /// `kvcache_vs_memcached_{load}_throughput` and `…_per_server_cpu`, each the median of the
+    /// paired ratios with its min, max and 95% interval; and each server's medians.
+    pub fn figures(&self, report: &mut Report) {
+        for (metric, per) in
+            [("throughput", Run::throughput as fn(&Run) -> f64), ("per_server_cpu", Run::per_server_cpu)]
+        {
+            let key = format!("kvcache_vs_memcached_{}_{metric}", self.load);
+            let r = self.ratios(per);
+            let s = Summary::of(&r);
+            report.figure(&key, s.median);
+            report.figure(&format!("{key}_min"), s.min);
+            report.figure(&format!("{key}_max"), s.max);
+            if let Some((low, high)) = median_ci95(&r) {
+                report.figure(&format!("{key}_ci95_low"), low);
+                report.figure(&format!("{key}_ci95_high"), high);
+            }
+        }
+        for (server, runs) in [("kvcache", &self.kv), ("memcached", &self.mc)] {
+            let med = |f: fn(&Run) -> f64| Summary::of(&runs.iter().map(f).collect::<Vec<_>>()).median;
+            report.figure(&format!("{}_{server}_ops_s", self.load), med(Run::throughput));
+            report.figure(&format!("{}_{server}_server_cpu_us_per_op", self.load), 1e6 / med(Run::per_server_cpu));
+        }
+    }
+
+    pub fn row(&self, table: &mut Table) {
+        let med = |runs: &[Run], f: fn(&Run) -> f64| Summary::of(&runs.iter().map(f).collect::<Vec<_>>()).median;
+        let ratio = |per: fn(&Run) -> f64| {
+            let r = self.ratios(per);
+            let ci = median_ci95(&r).map_or("–".into(), |(l, h)| format!("{l:.3}–{h:.3}"));
+            (format!("{:.3}", Summary::of(&r).median), ci)
+        };
+        let (tp, tp_ci) = ratio(Run::throughput);
+        let (cpu, cpu_ci) = ratio(Run::per_server_cpu);
+        table.row([
+            self.load.to_string(),
+            self.client.clone(),
+            self.kv.len().to_string(),
+            format!("{:.0}", med(&self.kv, Run::ops)),
+            format!("{:.0}", med(&self.kv, Run::throughput)),
+            format!("{:.0}", med(&self.mc, Run::throughput)),
+            tp,
+            tp_ci,
+            format!("{:.1}", 1e6 / med(&self.kv, Run::per_server_cpu)),
+            format!("{:.1}", 1e6 / med(&self.mc, Run::per_server_cpu)),
+            cpu,
+            cpu_ci,
+        ]);
+    }
+
+    pub fn data(&self) -> serde_json::Value {
+        let runs = |v: &[Run]| {
+            v.iter().map(|r| json!({"ops": r.ops, "secs": r.secs, "server_cpu_secs": r.cpu_secs})).collect::<Vec<_>>()
+        };
+        json!({"load": self.load, "client": self.client, "kvcache": runs(&self.kv), "memcached": runs(&self.mc)})
+    }
+}
+
+/// The table the [`Paired`] rows go into.
+pub(super) fn table() -> Table {
+    Table::new([
+        "load",
+        "client",
+        "pairs",
+        "operations per run",
+        "kvcache ops/s",
+        "memcached ops/s",
+        "throughput kvcache / memcached",
+        "95% interval",
+        "kvcache server CPU µs/op",
+        "memcached server CPU µs/op",
+        "per server CPU-s kvcache / memcached",
+        "95% interval",
+    ])
+}
+
+/// The project's generator with `conns` connections, each waiting for every reply (one get in
+/// flight): what a client that waits sees, next to the pipelined figure.
+pub(super) fn request_response(
+    ctx: &Context,
+    kv: &Running,
+    mc: &Running,
+    records: u64,
+    ops: u64,
+    pairs: usize,
+    conns: usize,
+) -> anyhow::Result<Paired> {
+    let client = format!("project generator, {conns} connections × 1 get in flight, every value checked");
+    Paired::new("reqresp", client).interleave(ctx, pairs, kv, mc, |r, k| {
+        measured(r.server_pid, || {
+            let res = load::run(
+                &r.addr,
+                records,
+                Choice::Zipfian,
+                VALUE,
+                conns,
+                1,
+                ops,
+                std::time::Duration::from_secs(300),
+                true,
+                1000 + k as u64,
+            )?;
+            anyhow::ensure!(res.bad == 0 && res.misses == 0, "{} wrong values, {} misses", res.bad, res.misses);
+            Ok((res.ops as f64, res.secs))
+        })
+    })
+}
+
+/// YCSB's own client (bench/ycsb: YCSB core and the project's memcached binding on
+/// spymemcached), run as `java … site.ycsb.Client`.
+pub(super) struct Ycsb {
+    java: PathBuf,
+    classpath: String,
+    workloads: PathBuf,
+}
+
+impl Ycsb {
+    /// The built binding next to the source tree of this binary, or why there is none.
+    pub fn find() -> Result<Ycsb, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+        let root = exe.ancestors().nth(3).map(|p| p.join("bench/ycsb")).ok_or("no source tree above the binary")?;
+        let jar = root.join("target/pagewise-ycsb-0.1.0.jar");
+        if !jar.exists() {
+            return Err(format!("{} not built: run `make ycsb`", jar.display()));
+        }
+        let java = find_in_path("java").ok_or("java not installed (`make deps`)")?;
+        Ok(Ycsb {
+            java,
+            classpath: format!("{}:{}/target/lib/*", jar.display(), root.display()),
+            workloads: root.join("workloads"),
+        })
+    }
+
+    /// One YCSB phase (`-load` or `-t`) of `workload` (a file of bench/ycsb/workloads) against
+    /// `addr`: the operations done and the seconds YCSB measured them in. Fails unless every
+    /// operation returned OK.
+    pub fn run(
+        &self,
+        addr: &str,
+        load: bool,
+        workload: &str,
+        records: u64,
+        ops: u64,
+        threads: usize,
+    ) -> anyhow::Result<(f64, f64)> {
+        let out = Command::new(&self.java)
+            .args(["-cp", &self.classpath, "site.ycsb.Client", if load { "-load" } else { "-t" }])
+            .args(["-db", "dev.pagewise.ycsb.MemcachedClient", "-P"])
+            .arg(self.workloads.join(workload))
+            .args(["-p", &format!("recordcount={records}"), "-p", &format!("operationcount={ops}")])
+            .args(["-p", &format!("memcached.hosts={addr}"), "-p", "maxexecutiontime=600"])
+            .args(["-threads", &threads.to_string()])
+            .output()
+            .map_err(|e| anyhow::anyhow!("starting java: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let (done, secs) = parse_ycsb(&text).ok_or_else(|| {
+            anyhow::anyhow!("YCSB gave no result (status {}): {}", out.status, String::from_utf8_lossy(&out.stderr))
+        })?;
+        let want = if load { records } else { ops };
+        anyhow::ensure!(
+            out.status.success() && done == want,
+            "YCSB {workload}: {done} of {want} operations returned OK (status {}):\n{text}",
+            out.status
+        );
+        Ok((done as f64, secs))
+    }
+}
+
+/// From YCSB's report: the operations that returned OK (all kinds) and the run time in seconds.
+/// None without an `[OVERALL], RunTime(ms)` line, or when any operation returned something else.
+fn parse_ycsb(text: &str) -> Option<(u64, f64)> {
+    let mut ok = 0;
+    let mut runtime_ms = None;
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split(", ").collect();
+        match fields.as_slice() {
+            ["[OVERALL]", "RunTime(ms)", v] => runtime_ms = v.trim().parse::<f64>().ok(),
+            [_, status, n] if status.starts_with("Return=") => {
+                let n: u64 = n.trim().parse().ok()?;
+                if *status != "Return=OK" && n > 0 {
+                    return None;
+                }
+                ok += n;
+            }
+            _ => {}
+        }
+    }
+    Some((ok, runtime_ms? / 1e3))
+}
+
+/// YCSB workloads C (read only) and B (95% reads), `threads` client threads, on kvcache and
+/// memcached loaded by YCSB itself; pairs of C then pairs of B, interleaved.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn ycsb(
+    ctx: &Context,
+    y: &Ycsb,
+    kv: &Running,
+    mc: &Running,
+    records: u64,
+    ops: u64,
+    pairs: usize,
+    threads: usize,
+) -> anyhow::Result<Vec<Paired>> {
+    for r in [kv, mc] {
+        y.run(&r.addr, true, "workloadc", records, records, threads)
+            .map_err(|e| anyhow::anyhow!("YCSB load of {}: {e:#}", r.config.name()))?;
+    }
+    let client = |w: &str| format!("YCSB 0.17 {w}, {threads} threads (spymemcached, one connection)");
+    let mut c = Paired::new("ycsb_c", client("workload C"));
+    let mut b = Paired::new("ycsb_b", client("workload B"));
+    for k in 0..pairs {
+        // A pair of each workload per round, so that drift hits both alike.
+        for (p, w) in [(&mut c, "workloadc"), (&mut b, "workloadb")] {
+            p.pair(ctx, k, kv, mc, &mut |r, _| {
+                measured(r.server_pid, || y.run(&r.addr, false, w, records, ops, threads))
+            })?;
+        }
+    }
+    Ok(vec![c, b])
+}
+
+/// One memcslap run: gets per second of its get phase, and every operation it sent (its own
+/// sets that load the keys, then the gets) for the server's CPU per operation.
+pub(super) fn memcslap(
+    ctx: &Context,
+    bin: &std::path::Path,
+    kv: &Running,
+    mc: &Running,
+    pairs: usize,
+    concurrency: usize,
+    execute: u64,
+) -> anyhow::Result<Paired> {
+    let client = format!("memcslap --test=get, {concurrency} threads × {execute} gets, its own sets first");
+    Paired::new("memcslap", client).interleave(ctx, pairs, kv, mc, |r, _| {
+        let mut server_ops = 0.0;
+        let mut run = measured(r.server_pid, || {
+            let out = Command::new(bin)
+                .args([
+                    format!("--servers={}", r.addr),
+                    format!("--concurrency={concurrency}"),
+                    format!("--execute-number={execute}"),
+                    "--test=get".into(),
+                ])
+                .output()
+                .map_err(|e| anyhow::anyhow!("starting memcslap: {e}"))?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            let (sets, gets, get_secs) = parse_memcslap(&text)
+                .ok_or_else(|| anyhow::anyhow!("memcslap gave no timings (status {}):\n{text}", out.status))?;
+            anyhow::ensure!(out.status.success(), "memcslap exited with {}:\n{text}", out.status);
+            server_ops = sets + gets;
+            Ok((gets, get_secs))
+        })?;
+        run.server_ops = server_ops;
+        Ok(run)
+    })
+}
+
+/// memcslap's report: keys set, keys got and the seconds of the get phase.
+/// "Time to set           20000 keys:                     1.868 seconds."
+/// "Time to get           40000 keys by    2 threads:     1.463 seconds."
+fn parse_memcslap(text: &str) -> Option<(f64, f64, f64)> {
+    let numbers = |prefix: &str| -> Option<Vec<f64>> {
+        let line = text.lines().find(|l| l.starts_with(prefix))?;
+        Some(line.split(|c: char| c.is_whitespace() || c == ':').filter_map(|w| w.parse().ok()).collect())
+    };
+    let set = numbers("Time to set")?;
+    let get = numbers("Time to get")?;
+    match (set.as_slice(), get.as_slice()) {
+        ([sets, _], [gets, _threads, secs]) if *gets > 0.0 && *secs > 0.0 => Some((*sets, *gets, *secs)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ycsb_reports_parse_and_errors_fail() {
+        let ok = "[OVERALL], RunTime(ms), 2500\n[OVERALL], Throughput(ops/sec), 8000.0\n\
+                  [READ], Operations, 19000\n[READ], Return=OK, 19000\n[UPDATE], Return=OK, 1000\n";
+        assert_eq!(parse_ycsb(ok), Some((20000, 2.5)));
+        assert_eq!(parse_ycsb(&format!("{ok}[READ], Return=NOT_FOUND, 3\n")), None);
+        assert_eq!(parse_ycsb(&format!("{ok}[READ], Return=ERROR, 1\n")), None);
+        assert_eq!(parse_ycsb("[READ], Return=OK, 5\n"), None);
+    }
+
+    #[test]
+    fn memcslap_reports_parse() {
+        let text = "Time to generate      20000 test keys:                0.111 seconds.\n\
+                    Time to set           20000 keys:                     1.868 seconds.\n\
+                    Time to start             2 threads:                  0.000 seconds.\n\
+                    Time to get           40000 keys by    2 threads:     1.463 seconds.\n";
+        assert_eq!(parse_memcslap(text), Some((20000.0, 40000.0, 1.463)));
+        assert_eq!(parse_memcslap("Time to get 1 keys by 2 threads: 0.5 seconds.\n"), None);
+    }
+}
