@@ -254,13 +254,17 @@ impl Experiment for HpsKvcache {
         // identical servers' 7-pair medians strayed by up to 10%. Its 95% interval is reported.
         let reads: u64 = ctx.mode.pick(200_000, 2_000_000);
         let reps: usize = ctx.mode.pick(25, 10);
-        // The clients that wait for each reply: pairs, operations per run, YCSB threads.
-        let rr_pairs: usize = ctx.mode.pick(11, 21);
-        let rr_ops: u64 = ctx.mode.pick(40_000, 200_000);
-        let (ycsb_pairs, ycsb_records, ycsb_ops, ycsb_threads) =
-            (ctx.mode.pick(7, 11), ctx.mode.pick(50_000, 200_000), ctx.mode.pick(20_000, 100_000), 4);
-        let slap_pairs: usize = ctx.mode.pick(11, 21);
-        let slap_execute: u64 = ctx.mode.pick(20_000, 50_000);
+        // The clients that wait for each reply (YCSB: records, operations per run, threads).
+        let ycsb = clients::Ycsb::find();
+        let memcslap_bin = find_in_path("memcslap");
+        let waiting = clients::Waiting {
+            rounds: ctx.mode.pick(9, 21),
+            records,
+            gets: ctx.mode.pick(40_000, 200_000),
+            conns: 4,
+            ycsb: ycsb.as_ref().ok().map(|y| (y, ctx.mode.pick(50_000, 200_000), ctx.mode.pick(20_000, 100_000), 4)),
+            memcslap: memcslap_bin.as_deref().map(|b| (b, 2, ctx.mode.pick(10_000, 50_000))),
+        };
         let place = placement();
         let _pinned = place.map(|p| PinnedThread::to(p.client)).transpose()?;
         // A timed run of zipfian gets (every value checked when `verify`).
@@ -268,19 +272,11 @@ impl Experiment for HpsKvcache {
             load::run(addr, records, Choice::Zipfian, VALUE, CONNS, DEPTH, ops, Duration::from_secs(120), verify, seed)
         };
         let have_memcached = find_in_path("memcached").is_some();
-        let ycsb = clients::Ycsb::find();
-        let memcslap_bin = find_in_path("memcslap");
         let mut configs = vec![Config::Default, Config::Thp, Config::Hps, Config::ThpAgain];
         if have_memcached {
             configs.extend([Config::Memcached, Config::MemcachedL, Config::MemcachedHps]);
         }
-        let peer_ticks = if have_memcached {
-            2 * rr_pairs
-                + if ycsb.is_ok() { 4 * ycsb_pairs } else { 0 }
-                + if memcslap_bin.is_some() { 2 * slap_pairs } else { 0 }
-        } else {
-            0
-        };
+        let peer_ticks = if have_memcached { clients::waiting_ticks(&waiting) } else { 0 };
         ctx.start_progress((configs.len() * (reps + 2) + peer_ticks) as u64 + 4, "loading");
         let t0 = Instant::now();
         // The paper's THP memory point: the whole cache on hugepages from the start (memcached
@@ -372,7 +368,8 @@ impl Experiment for HpsKvcache {
             .unwrap_or_default();
         let idx = |c: Config| configs.iter().position(|&x| x == c);
 
-        // kvcache against memcached as the clients that wait for each reply see them.
+        // kvcache against memcached: the pipelined load above, then the clients that wait for
+        // each reply on a fresh pair of servers (no other server's threads on their core).
         let mut peers: Vec<clients::Paired> = Vec::new();
         if let (Some(kv), Some(mc)) = (idx(Config::Default), idx(Config::Memcached)) {
             let mut pipelined = clients::Paired::new(
@@ -382,21 +379,12 @@ impl Experiment for HpsKvcache {
             pipelined.kv = runs[kv].clone();
             pipelined.mc = runs[mc].clone();
             peers.push(pipelined);
-            ctx.message("measuring (request/response)");
-            peers.push(clients::request_response(ctx, &servers[kv], &servers[mc], records, rr_ops, rr_pairs, 4)?);
         }
         drop(servers);
-        if have_memcached && (ycsb.is_ok() || memcslap_bin.is_some()) {
-            // Fresh servers: YCSB loads its own records (its keys, 10 fields of 100 bytes).
+        if have_memcached {
+            ctx.message("clients that wait for each reply");
             let (kv, mc) = (start(Config::Default, &[])?, start(Config::Memcached, &[])?);
-            if let Ok(y) = &ycsb {
-                ctx.message("YCSB");
-                peers.extend(clients::ycsb(ctx, y, &kv, &mc, ycsb_records, ycsb_ops, ycsb_pairs, ycsb_threads)?);
-            }
-            if let Some(bin) = &memcslap_bin {
-                ctx.message("memcslap");
-                peers.push(clients::memcslap(ctx, bin, &kv, &mc, slap_pairs, 2, slap_execute)?);
-            }
+            peers.extend(clients::waiting(ctx, &kv, &mc, &waiting)?);
         }
 
         // Drift: three hot sets in turn, each one record in 64 (sparse: compacted, not promoted).
@@ -613,7 +601,7 @@ impl Experiment for HpsKvcache {
             "hps_warmup": warm.iter().map(|(c, secs, conv)| json!({"server": c.name(), "seconds": secs, "converged": conv})).collect::<Vec<_>>(),
             "hps_stats": hps_stats.into_iter().map(|(k, v)| (k, json!(v))).collect::<serde_json::Map<_, _>>(),
             "kvcache_vs_memcached_by_client": peers.iter().map(clients::Paired::data).collect::<Vec<_>>(),
-            "ycsb": {"records": ycsb_records, "operations": ycsb_ops, "threads": ycsb_threads},
+            "ycsb": waiting.ycsb.map(|(_, records, ops, threads)| json!({"records": records, "operations": ops, "threads": threads})),
             "drift": drift.phases.iter().map(|p| json!({"phase": p.phase, "hot_items": p.hot_items, "hot_set_bytes": p.hot_set, "hot_arena_bytes": p.arena, "compacted": p.compacted, "demoted": p.demoted, "promoted_regions": p.promoted})).collect::<Vec<_>>(),
         });
         if !have_memcached {

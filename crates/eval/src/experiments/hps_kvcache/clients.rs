@@ -6,7 +6,7 @@
 //! server process's CPU time (what the server spends; the only figure a busy machine does not
 //! blur much, since the server has its own core).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use pagewise_kernel::cpu::process_cpu_time;
@@ -94,21 +94,6 @@ impl Paired {
         Ok(())
     }
 
-    /// `pairs` pairs of `one`.
-    pub fn interleave(
-        mut self,
-        ctx: &Context,
-        pairs: usize,
-        kv: &Running,
-        mc: &Running,
-        mut one: impl FnMut(&Running, usize) -> anyhow::Result<Run>,
-    ) -> anyhow::Result<Self> {
-        for k in 0..pairs {
-            self.pair(ctx, k, kv, mc, &mut one)?;
-        }
-        Ok(self)
-    }
-
     fn ratios(&self, per: fn(&Run) -> f64) -> Vec<f64> {
         self.kv.iter().zip(&self.mc).map(|(k, m)| per(k) / per(m)).collect()
     }
@@ -186,38 +171,6 @@ pub(super) fn table() -> Table {
         "per server CPU-s kvcache / memcached",
         "95% interval",
     ])
-}
-
-/// The project's generator with `conns` connections, each waiting for every reply (one get in
-/// flight): what a client that waits sees, next to the pipelined figure.
-pub(super) fn request_response(
-    ctx: &Context,
-    kv: &Running,
-    mc: &Running,
-    records: u64,
-    ops: u64,
-    pairs: usize,
-    conns: usize,
-) -> anyhow::Result<Paired> {
-    let client = format!("project generator, {conns} connections × 1 get in flight, every value checked");
-    Paired::new("reqresp", client).interleave(ctx, pairs, kv, mc, |r, k| {
-        measured(r.server_pid, || {
-            let res = load::run(
-                &r.addr,
-                records,
-                Choice::Zipfian,
-                VALUE,
-                conns,
-                1,
-                ops,
-                std::time::Duration::from_secs(300),
-                true,
-                1000 + k as u64,
-            )?;
-            anyhow::ensure!(res.bad == 0 && res.misses == 0, "{} wrong values, {} misses", res.bad, res.misses);
-            Ok((res.ops as f64, res.secs))
-        })
-    })
 }
 
 /// YCSB's own client (bench/ycsb: YCSB core and the project's memcached binding on
@@ -302,71 +255,116 @@ fn parse_ycsb(text: &str) -> Option<(u64, f64)> {
     Some((ok, runtime_ms? / 1e3))
 }
 
-/// YCSB workloads C (read only) and B (95% reads), `threads` client threads, on kvcache and
-/// memcached loaded by YCSB itself; pairs of C then pairs of B, interleaved.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn ycsb(
-    ctx: &Context,
-    y: &Ycsb,
-    kv: &Running,
-    mc: &Running,
-    records: u64,
-    ops: u64,
-    pairs: usize,
-    threads: usize,
-) -> anyhow::Result<Vec<Paired>> {
-    for r in [kv, mc] {
-        y.run(&r.addr, true, "workloadc", records, records, threads)
-            .map_err(|e| anyhow::anyhow!("YCSB load of {}: {e:#}", r.config.name()))?;
-    }
-    let client = |w: &str| format!("YCSB 0.17 {w}, {threads} threads (spymemcached, one connection)");
-    let mut c = Paired::new("ycsb_c", client("workload C"));
-    let mut b = Paired::new("ycsb_b", client("workload B"));
-    for k in 0..pairs {
-        // A pair of each workload per round, so that drift hits both alike.
-        for (p, w) in [(&mut c, "workloadc"), (&mut b, "workloadb")] {
-            p.pair(ctx, k, kv, mc, &mut |r, _| {
-                measured(r.server_pid, || y.run(&r.addr, false, w, records, ops, threads))
-            })?;
-        }
-    }
-    Ok(vec![c, b])
+/// What the clients that wait for each reply run, and how often.
+pub(super) struct Waiting<'a> {
+    /// Rounds; each runs one pair of every load, so that drift hits all loads alike.
+    pub rounds: usize,
+    /// The project's generator: records stored, gets per run, connections (one get in flight
+    /// on each).
+    pub records: u64,
+    pub gets: u64,
+    pub conns: usize,
+    /// YCSB, if built: records, operations per run, client threads.
+    pub ycsb: Option<(&'a Ycsb, u64, u64, usize)>,
+    /// memcslap, if installed: threads and gets per thread.
+    pub memcslap: Option<(&'a Path, usize, u64)>,
 }
 
-/// One memcslap run: gets per second of its get phase, and every operation it sent (its own
-/// sets that load the keys, then the gets) for the server's CPU per operation.
-pub(super) fn memcslap(
-    ctx: &Context,
-    bin: &std::path::Path,
-    kv: &Running,
-    mc: &Running,
-    pairs: usize,
-    concurrency: usize,
-    execute: u64,
-) -> anyhow::Result<Paired> {
-    let client = format!("memcslap --test=get, {concurrency} threads × {execute} gets, its own sets first");
-    Paired::new("memcslap", client).interleave(ctx, pairs, kv, mc, |r, _| {
-        let mut server_ops = 0.0;
-        let mut run = measured(r.server_pid, || {
-            let out = Command::new(bin)
-                .args([
-                    format!("--servers={}", r.addr),
-                    format!("--concurrency={concurrency}"),
-                    format!("--execute-number={execute}"),
-                    "--test=get".into(),
-                ])
-                .output()
-                .map_err(|e| anyhow::anyhow!("starting memcslap: {e}"))?;
-            let text = String::from_utf8_lossy(&out.stdout);
-            let (sets, gets, get_secs) = parse_memcslap(&text)
-                .ok_or_else(|| anyhow::anyhow!("memcslap gave no timings (status {}):\n{text}", out.status))?;
-            anyhow::ensure!(out.status.success(), "memcslap exited with {}:\n{text}", out.status);
-            server_ops = sets + gets;
-            Ok((gets, get_secs))
+/// kvcache and memcached (fresh servers) under the clients that wait for each reply: the
+/// project's generator with one get in flight per connection, YCSB workloads C and B, memcslap.
+pub(super) fn waiting(ctx: &Context, kv: &Running, mc: &Running, w: &Waiting) -> anyhow::Result<Vec<Paired>> {
+    for r in [kv, mc] {
+        let l = load::load(&r.addr, 0, w.records, VALUE, 2, 64)?;
+        anyhow::ensure!(l.bad == 0, "{}: {} stores not STORED", r.config.name(), l.bad);
+        if let Some((y, records, _, threads)) = w.ycsb {
+            y.run(&r.addr, true, "workloadc", records, records, threads)
+                .map_err(|e| anyhow::anyhow!("YCSB load of {}: {e:#}", r.config.name()))?;
+        }
+    }
+    let mut reqresp = Paired::new(
+        "reqresp",
+        format!("project generator, {} connections × 1 get in flight, every value checked", w.conns),
+    );
+    let ycsb_client = |name: &str| {
+        let threads = w.ycsb.map_or(0, |y| y.3);
+        format!("YCSB 0.17 {name}, {threads} threads (spymemcached, one connection)")
+    };
+    let mut ycsb_c = Paired::new("ycsb_c", ycsb_client("workload C"));
+    let mut ycsb_b = Paired::new("ycsb_b", ycsb_client("workload B"));
+    let mut slap = Paired::new(
+        "memcslap",
+        w.memcslap.map_or(String::new(), |(_, c, n)| {
+            format!("memcslap --test=get, {c} threads × {n} gets, its own sets first")
+        }),
+    );
+    for k in 0..w.rounds {
+        reqresp.pair(ctx, k, kv, mc, &mut |r, k| {
+            measured(r.server_pid, || {
+                let res = load::run(
+                    &r.addr,
+                    w.records,
+                    Choice::Zipfian,
+                    VALUE,
+                    w.conns,
+                    1,
+                    w.gets,
+                    std::time::Duration::from_secs(300),
+                    true,
+                    1000 + k as u64,
+                )?;
+                anyhow::ensure!(res.bad == 0 && res.misses == 0, "{} wrong values, {} misses", res.bad, res.misses);
+                Ok((res.ops as f64, res.secs))
+            })
         })?;
-        run.server_ops = server_ops;
-        Ok(run)
-    })
+        if let Some((y, records, ops, threads)) = w.ycsb {
+            for (p, workload) in [(&mut ycsb_c, "workloadc"), (&mut ycsb_b, "workloadb")] {
+                p.pair(ctx, k, kv, mc, &mut |r, _| {
+                    measured(r.server_pid, || y.run(&r.addr, false, workload, records, ops, threads))
+                })?;
+            }
+        }
+        if let Some((bin, concurrency, execute)) = w.memcslap {
+            slap.pair(ctx, k, kv, mc, &mut |r, _| memcslap_run(bin, r, concurrency, execute))?;
+        }
+    }
+    let mut out = vec![reqresp];
+    if w.ycsb.is_some() {
+        out.extend([ycsb_c, ycsb_b]);
+    }
+    if w.memcslap.is_some() {
+        out.push(slap);
+    }
+    Ok(out)
+}
+
+/// Ticks [`waiting`] makes.
+pub(super) fn waiting_ticks(w: &Waiting) -> usize {
+    2 * w.rounds * (1 + if w.ycsb.is_some() { 2 } else { 0 } + usize::from(w.memcslap.is_some()))
+}
+
+/// One memcslap run: gets per second of its get phase; for the server's CPU per operation,
+/// every operation it sent (its own sets that store the keys, then the gets).
+fn memcslap_run(bin: &Path, r: &Running, concurrency: usize, execute: u64) -> anyhow::Result<Run> {
+    let mut server_ops = 0.0;
+    let mut run = measured(r.server_pid, || {
+        let out = Command::new(bin)
+            .args([
+                format!("--servers={}", r.addr),
+                format!("--concurrency={concurrency}"),
+                format!("--execute-number={execute}"),
+                "--test=get".into(),
+            ])
+            .output()
+            .map_err(|e| anyhow::anyhow!("starting memcslap: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let (sets, gets, get_secs) = parse_memcslap(&text)
+            .ok_or_else(|| anyhow::anyhow!("memcslap gave no timings (status {}):\n{text}", out.status))?;
+        anyhow::ensure!(out.status.success(), "memcslap exited with {}:\n{text}", out.status);
+        server_ops = sets + gets;
+        Ok((gets, get_secs))
+    })?;
+    run.server_ops = server_ops;
+    Ok(run)
 }
 
 /// memcslap's report: keys set, keys got and the seconds of the get phase.
