@@ -124,6 +124,20 @@ pub fn process_cpu_time(pid: i32) -> Result<std::time::Duration> {
     Ok(std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
 }
 
+/// CPU time (user and system) of every child of this process that ended and was waited for,
+/// and of their own waited-for descendants: getrusage(2) RUSAGE_CHILDREN. The difference across
+/// one `Command::output()` is that command's CPU time, all its threads together.
+pub fn waited_children_cpu_time() -> Result<std::time::Duration> {
+    // SAFETY: rusage is plain data; all-zero is a valid value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: ru is a valid out-pointer.
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) } != 0 {
+        return Err(Error::last_os("getrusage"));
+    }
+    let tv = |t: libc::timeval| std::time::Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    Ok(tv(ru.ru_utime) + tv(ru.ru_stime))
+}
+
 /// The pids of the kswapd kernel threads (`kswapdN`, one per node), from /proc/PID/comm.
 pub fn kswapd_pids() -> Result<Vec<i32>> {
     let dir = std::fs::read_dir("/proc").map_err(|source| Error::Read { path: "/proc".into(), source })?;
@@ -193,6 +207,19 @@ mod tests {
         let _ = child.wait();
         assert!(used >= std::time::Duration::from_millis(20), "the spinning child used {used:?}");
         assert!(process_cpu_time(pid).is_err(), "a reaped child still has a CPU clock");
+    }
+
+    #[test]
+    fn a_waited_childs_cpu_time_is_counted_once_it_ended() {
+        let before = waited_children_cpu_time().unwrap();
+        // The shell spins in its own process: at least some tens of milliseconds of CPU.
+        let out = std::process::Command::new("sh")
+            .args(["-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done"])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let used = waited_children_cpu_time().unwrap() - before;
+        assert!(used >= std::time::Duration::from_millis(20), "the spinning child used {used:?}");
     }
 
     #[test]

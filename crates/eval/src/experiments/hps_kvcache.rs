@@ -258,7 +258,8 @@ impl Experiment for HpsKvcache {
         let ycsb = clients::Ycsb::find();
         let memcslap_bin = find_in_path("memcslap");
         let waiting = clients::Waiting {
-            rounds: ctx.mode.pick(9, 21),
+            // 12 rounds: 24 pooled YCSB pairs (workloads C and B) for the headline's interval.
+            rounds: ctx.mode.pick(12, 21),
             records,
             gets: ctx.mode.pick(40_000, 200_000),
             conns: 4,
@@ -474,6 +475,10 @@ impl Experiment for HpsKvcache {
             p.figures(&mut report);
             p.row(&mut peer_table);
         }
+        // The headlines (crate::headlines): YCSB's workloads C and B pooled, and memcslap.
+        let of = |names: &[&str]| peers.iter().filter(|p| names.contains(&p.load)).collect::<Vec<_>>();
+        clients::pooled_headline(&mut report, "ycsb_kvcache_vs_memcached", &of(&["ycsb_c", "ycsb_b"]));
+        clients::pooled_headline(&mut report, "memcslap_kvcache_vs_memcached", &of(&["memcslap"]));
         let all_steal: Vec<f64> = steal.iter().flatten().copied().collect();
         report.figure("server_cpu_steal_share_median", median(&all_steal));
         report.figure(
@@ -614,6 +619,19 @@ impl Experiment for HpsKvcache {
                 report.note("memcslap (libmemcached-tools, `make deps`) missing: no memcslap figures.");
             }
         }
+        let busy: Vec<String> = peers
+            .iter()
+            .filter_map(|p| {
+                let r: Vec<f64> = p.kv.iter().chain(&p.mc).filter_map(|r| r.client_busy).collect();
+                (!r.is_empty()).then(|| format!("{} {:.0}%", p.load, Summary::of(&r).median * 100.0))
+            })
+            .collect();
+        if !busy.is_empty() {
+            report.note(format!(
+                "How busy each client kept its one core (its CPU time over its wall-clock time, start-up included;                  `*_client_core_busy`): {}. A client near 100% sets the pace: the server's speed shows in its CPU                  per operation more than in the client's throughput, whose ratio then sits near 1 and moves with                  whatever else runs on the client's core.",
+                busy.join(", ")
+            ));
+        }
         report.note(
             "kvcache / memcached is reported per load, each run with the same operations on both servers: \
              `kvcache_vs_memcached_{ycsb_c,ycsb_b}_*` (YCSB's own client, the headline: what a user of the \
@@ -621,7 +639,9 @@ impl Experiment for HpsKvcache {
              flight per connection) and `…_pipelined_*` (the project's generator, 64 gets in flight per \
              connection: deep pipelining, where kvcache's reply batching saves most and no client that waits \
              for each reply sees that figure). `_throughput` is operations per wall-clock second of the client, \
-             `_per_server_cpu` operations per second of the server process's CPU time.",
+             `_per_server_cpu` operations per second of the server process's CPU time. The headlines \
+             `ycsb_kvcache_vs_memcached` (workloads C and B pooled) and `memcslap_kvcache_vs_memcached` are the \
+             medians of the paired throughput ratios, with `_per_server_cpu` beside them.",
         );
         report.note(format!(
             "Throughput is gets per second of the server process's own CPU time (its per-process CPU clock, all threads, \

@@ -9,7 +9,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use pagewise_kernel::cpu::process_cpu_time;
+use std::time::Instant;
+
+use pagewise_kernel::cpu::{process_cpu_time, waited_children_cpu_time};
 use pagewise_kvcache::load::{self, Choice};
 use serde_json::json;
 
@@ -29,6 +31,10 @@ pub(super) struct Run {
     pub server_ops: f64,
     /// CPU time of the server process (all its threads) during the run.
     pub cpu_secs: f64,
+    /// For a client run as a command (YCSB, memcslap): its CPU time over its wall-clock time,
+    /// start-up included: how busy it kept the one core it runs on. Near 1, the client sets
+    /// the pace and the server's speed barely shows in the throughput.
+    pub client_busy: Option<f64>,
 }
 
 impl Run {
@@ -49,7 +55,18 @@ pub(super) fn measured(server_pid: i32, f: impl FnOnce() -> anyhow::Result<(f64,
     let cpu0 = process_cpu_time(server_pid)?;
     let (ops, secs) = f()?;
     let cpu1 = process_cpu_time(server_pid)?;
-    Ok(Run { ops, secs, server_ops: ops, cpu_secs: (cpu1 - cpu0).as_secs_f64() })
+    Ok(Run { ops, secs, server_ops: ops, cpu_secs: (cpu1 - cpu0).as_secs_f64(), client_busy: None })
+}
+
+/// Run a client command to its end (`Command::output`) and say how busy it kept its core:
+/// its CPU time (all its threads, from getrusage RUSAGE_CHILDREN) over its wall-clock time.
+fn client_output(cmd: &mut Command, what: &str) -> anyhow::Result<(std::process::Output, f64)> {
+    let cpu0 = waited_children_cpu_time()?;
+    let t = Instant::now();
+    let out = cmd.output().map_err(|e| anyhow::anyhow!("starting {what}: {e}"))?;
+    let wall = t.elapsed().as_secs_f64();
+    let cpu = (waited_children_cpu_time()? - cpu0).as_secs_f64();
+    Ok((out, cpu / wall.max(1e-9)))
 }
 
 /// One load's runs on kvcache and on memcached; `kv[k]` and `mc[k]` ran back to back.
@@ -98,6 +115,12 @@ impl Paired {
         self.kv.iter().zip(&self.mc).map(|(k, m)| per(k) / per(m)).collect()
     }
 
+    /// Median share of its core the client kept busy, over every run on both servers.
+    fn client_busy(&self) -> Option<f64> {
+        let v: Vec<f64> = self.kv.iter().chain(&self.mc).filter_map(|r| r.client_busy).collect();
+        (!v.is_empty()).then(|| Summary::of(&v).median)
+    }
+
     /// `kvcache_vs_memcached_{load}_throughput` and `…_per_server_cpu`, each the median of the
     /// paired ratios with its min, max and 95% interval; and each server's medians.
     pub fn figures(&self, report: &mut Report) {
@@ -119,6 +142,9 @@ impl Paired {
             let med = |f: fn(&Run) -> f64| Summary::of(&runs.iter().map(f).collect::<Vec<_>>()).median;
             report.figure(&format!("{}_{server}_ops_s", self.load), med(Run::throughput));
             report.figure(&format!("{}_{server}_server_cpu_us_per_op", self.load), 1e6 / med(Run::per_server_cpu));
+        }
+        if let Some(busy) = self.client_busy() {
+            report.figure(&format!("{}_client_core_busy", self.load), busy);
         }
     }
 
@@ -144,12 +170,18 @@ impl Paired {
             format!("{:.1}", 1e6 / med(&self.mc, Run::per_server_cpu)),
             cpu,
             cpu_ci,
+            self.client_busy().map_or("–".into(), |b| format!("{:.0}%", b * 100.0)),
         ]);
     }
 
     pub fn data(&self) -> serde_json::Value {
         let runs = |v: &[Run]| {
-            v.iter().map(|r| json!({"ops": r.ops, "secs": r.secs, "server_cpu_secs": r.cpu_secs})).collect::<Vec<_>>()
+            v.iter()
+                .map(|r| {
+                    json!({"ops": r.ops, "secs": r.secs, "server_ops": r.server_ops, "server_cpu_secs": r.cpu_secs,
+                           "client_core_busy": r.client_busy})
+                })
+                .collect::<Vec<_>>()
         };
         json!({"load": self.load, "client": self.client, "kvcache": runs(&self.kv), "memcached": runs(&self.mc)})
     }
@@ -170,7 +202,29 @@ pub(super) fn table() -> Table {
         "memcached server CPU µs/op",
         "per server CPU-s kvcache / memcached",
         "95% interval",
+        "client's core busy",
     ])
+}
+
+/// A headline over several loads' pairs pooled (YCSB's workloads C and B): `KEY` the median of
+/// the paired throughput ratios with `KEY_min`, `KEY_max` and `KEY_ci95_low`/`_high`, and the
+/// same of the server-CPU ratios as `KEY_per_server_cpu…`.
+pub(super) fn pooled_headline(report: &mut Report, key: &str, loads: &[&Paired]) {
+    for (suffix, per) in [("", Run::throughput as fn(&Run) -> f64), ("_per_server_cpu", Run::per_server_cpu)] {
+        let r: Vec<f64> = loads.iter().flat_map(|p| p.ratios(per)).collect();
+        if r.is_empty() {
+            report.figure(&format!("{key}{suffix}"), serde_json::Value::Null);
+            continue;
+        }
+        let s = Summary::of(&r);
+        report.figure(&format!("{key}{suffix}"), s.median);
+        report.figure(&format!("{key}{suffix}_min"), s.min);
+        report.figure(&format!("{key}{suffix}_max"), s.max);
+        if let Some((low, high)) = median_ci95(&r) {
+            report.figure(&format!("{key}{suffix}_ci95_low"), low);
+            report.figure(&format!("{key}{suffix}_ci95_high"), high);
+        }
+    }
 }
 
 /// YCSB's own client (bench/ycsb: YCSB core and the project's memcached binding on
@@ -209,16 +263,17 @@ impl Ycsb {
         records: u64,
         ops: u64,
         threads: usize,
-    ) -> anyhow::Result<(f64, f64)> {
-        let out = Command::new(&self.java)
-            .args(["-cp", &self.classpath, "site.ycsb.Client", if load { "-load" } else { "-t" }])
-            .args(["-db", "dev.pagewise.ycsb.MemcachedClient", "-P"])
-            .arg(self.workloads.join(workload))
-            .args(["-p", &format!("recordcount={records}"), "-p", &format!("operationcount={ops}")])
-            .args(["-p", &format!("memcached.hosts={addr}"), "-p", "maxexecutiontime=600"])
-            .args(["-threads", &threads.to_string()])
-            .output()
-            .map_err(|e| anyhow::anyhow!("starting java: {e}"))?;
+    ) -> anyhow::Result<(f64, f64, f64)> {
+        let (out, busy) = client_output(
+            Command::new(&self.java)
+                .args(["-cp", &self.classpath, "site.ycsb.Client", if load { "-load" } else { "-t" }])
+                .args(["-db", "dev.pagewise.ycsb.MemcachedClient", "-P"])
+                .arg(self.workloads.join(workload))
+                .args(["-p", &format!("recordcount={records}"), "-p", &format!("operationcount={ops}")])
+                .args(["-p", &format!("memcached.hosts={addr}"), "-p", "maxexecutiontime=600"])
+                .args(["-threads", &threads.to_string()]),
+            "java (YCSB)",
+        )?;
         let text = String::from_utf8_lossy(&out.stdout);
         let (done, secs) = parse_ycsb(&text).ok_or_else(|| {
             anyhow::anyhow!("YCSB gave no result (status {}): {}", out.status, String::from_utf8_lossy(&out.stderr))
@@ -229,7 +284,7 @@ impl Ycsb {
             "YCSB {workload}: {done} of {want} operations returned OK (status {}):\n{text}",
             out.status
         );
-        Ok((done as f64, secs))
+        Ok((done as f64, secs, busy))
     }
 }
 
@@ -319,7 +374,14 @@ pub(super) fn waiting(ctx: &Context, kv: &Running, mc: &Running, w: &Waiting) ->
         if let Some((y, records, ops, threads)) = w.ycsb {
             for (p, workload) in [(&mut ycsb_c, "workloadc"), (&mut ycsb_b, "workloadb")] {
                 p.pair(ctx, k, kv, mc, &mut |r, _| {
-                    measured(r.server_pid, || y.run(&r.addr, false, workload, records, ops, threads))
+                    let mut busy = 0.0;
+                    let mut run = measured(r.server_pid, || {
+                        let (ops, secs, b) = y.run(&r.addr, false, workload, records, ops, threads)?;
+                        busy = b;
+                        Ok((ops, secs))
+                    })?;
+                    run.client_busy = Some(busy);
+                    Ok(run)
                 })?;
             }
         }
@@ -346,16 +408,18 @@ pub(super) fn waiting_ticks(w: &Waiting) -> usize {
 /// every operation it sent (its own sets that store the keys, then the gets).
 fn memcslap_run(bin: &Path, r: &Running, concurrency: usize, execute: u64) -> anyhow::Result<Run> {
     let mut server_ops = 0.0;
+    let mut busy = 0.0;
     let mut run = measured(r.server_pid, || {
-        let out = Command::new(bin)
-            .args([
+        let (out, b) = client_output(
+            Command::new(bin).args([
                 format!("--servers={}", r.addr),
                 format!("--concurrency={concurrency}"),
                 format!("--execute-number={execute}"),
                 "--test=get".into(),
-            ])
-            .output()
-            .map_err(|e| anyhow::anyhow!("starting memcslap: {e}"))?;
+            ]),
+            "memcslap",
+        )?;
+        busy = b;
         let text = String::from_utf8_lossy(&out.stdout);
         let (sets, gets, get_secs) = parse_memcslap(&text)
             .ok_or_else(|| anyhow::anyhow!("memcslap gave no timings (status {}):\n{text}", out.status))?;
@@ -364,6 +428,7 @@ fn memcslap_run(bin: &Path, r: &Running, concurrency: usize, execute: u64) -> an
         Ok((gets, get_secs))
     })?;
     run.server_ops = server_ops;
+    run.client_busy = Some(busy);
     Ok(run)
 }
 
