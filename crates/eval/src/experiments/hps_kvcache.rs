@@ -628,7 +628,10 @@ impl Experiment for HpsKvcache {
             .collect();
         if !busy.is_empty() {
             report.note(format!(
-                "How busy each client kept its one core (its CPU time over its wall-clock time, start-up included;                  `*_client_core_busy`): {}. A client near 100% sets the pace: the server's speed shows in its CPU                  per operation more than in the client's throughput, whose ratio then sits near 1 and moves with                  whatever else runs on the client's core.",
+                "How busy each client kept its one core (its CPU time over its wall-clock time, start-up included; \
+                 `*_client_core_busy`): {}. A client near 100% sets the pace: the server's speed shows in its CPU \
+                 per operation more than in the client's throughput, whose ratio then sits near 1 and moves with \
+                 whatever else runs on the client's core.",
                 busy.join(", ")
             ));
         }
