@@ -128,13 +128,16 @@ fn set_and_show_go_through_the_running_daemons_tree() {
             cg.path().display()
         ),
     );
-    let mut child = Command::new(PAGEWISE)
-        .args(["reclaimd", "--config"])
-        .arg(&path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut daemon = Daemon(
+        Command::new(PAGEWISE)
+            .args(["reclaimd", "--config"])
+            .arg(&path)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let child = &mut daemon.0;
     let t0 = Instant::now();
     while !tree.join("cpu1").exists() {
         assert!(t0.elapsed() < Duration::from_secs(10), "no tree");
@@ -194,6 +197,19 @@ fn pagewise_reclaim_tree_owner(tree: &std::path::Path) -> bool {
         .ok()
         .and_then(|p| p.trim().parse::<u32>().ok())
         .is_some_and(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
+}
+
+/// A daemon the test started, killed if the test fails before it stops it: a failed test
+/// leaves no reclaimd behind to answer the next one's `pagewise reclaim set`.
+struct Daemon(std::process::Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
 }
 
 /// SIGTERM to a child, with kill(1).

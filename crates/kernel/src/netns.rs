@@ -117,6 +117,15 @@ pub fn pids(name: &str) -> Result<Vec<i32>> {
 /// error.
 pub fn delete(name: &str, grace: Duration) -> Result<()> {
     check_netns(name)?;
+    // Whoever else tears it down meanwhile (a testbed's journal replayed by `down`) has done
+    // this call's work: a step that fails because the namespace is gone succeeds.
+    match end_and_delete(name, grace) {
+        Err(_) if !exists(name) => Ok(()),
+        done => done,
+    }
+}
+
+fn end_and_delete(name: &str, grace: Duration) -> Result<()> {
     if !exists(name) {
         return Ok(());
     }
@@ -164,7 +173,12 @@ pub fn delete_link(ns: &str, name: &str) -> Result<()> {
     if !exists(ns) || !link_exists(ns, name) {
         return Ok(());
     }
-    ip_in(ns, &["link", "delete", name]).map(drop)
+    match ip_in(ns, &["link", "delete", name]) {
+        // Gone meanwhile: another teardown of the same testbed (its namespace deleted, which
+        // also ends the `ip` running inside it) did this call's work.
+        Err(_) if !exists(ns) || !link_exists(ns, name) => Ok(()),
+        other => other.map(drop),
+    }
 }
 
 fn link_exists(ns: &str, name: &str) -> bool {
@@ -254,6 +268,8 @@ pub fn delete_root_qdisc(ns: &str, dev: &str) -> Result<()> {
         Err(Error::Command { detail, .. }) if detail.contains("handle of zero") || detail.contains("No such file") => {
             Ok(())
         }
+        // Gone meanwhile, as in `delete_link`.
+        Err(_) if !exists(ns) || !link_exists(ns, dev) => Ok(()),
         other => other.map(drop),
     }
 }
