@@ -52,10 +52,16 @@ fn same_output_on_dlm(job: &Job, share_pct: u64) {
     let touched = dlm_paging(&roomy.stderr)
         .unwrap_or_else(|| panic!("{}: no DLM counters on stderr\n{}", job.name, tail(&roomy.stderr)))
         .peak_local_bytes;
-    let local = (touched * share_pct / 100) & !((128 << 10) - 1);
-    assert!(local >= 1 << 20, "{}: touches {touched} B of DLM memory, too little to page", job.name);
-    let tight = same_as_plain(job, &plain, &want, &dlm_with(local, None), "dlm");
-    assert_travelled(&tight.stderr, &job.name);
+    // A program whose use of its memory varies between runs may fit the first try: then half.
+    for share in [share_pct, share_pct / 2] {
+        let local = (touched * share / 100) & !((128 << 10) - 1);
+        assert!(local >= 1 << 20, "{}: touches {touched} B of DLM memory, too little to page", job.name);
+        let tight = same_as_plain(job, &plain, &want, &dlm_with(local, None), "dlm");
+        if share < share_pct || dlm_paging(&tight.stderr).is_some_and(|p| p.travelled()) {
+            assert_travelled(&tight.stderr, &job.name);
+            return;
+        }
+    }
 }
 
 #[test]
