@@ -181,14 +181,19 @@ impl RssProbe<'_> {
     }
 }
 
+struct SwapSetup<'a> {
+    group: &'a MemCgroup,
+    zram: &'a dyn SwapSpace,
+    disk: &'a dyn SwapSpace,
+}
+
 struct Setup<'a> {
     pagewise: &'a Path,
     /// Where each DLM run's memory servers are started.
     hosts: &'a ServerHosts,
     budget: Duration,
-    group: &'a MemCgroup,
-    zram: &'a dyn SwapSpace,
-    disk: &'a dyn SwapSpace,
+    /// The swap configurations' group and spaces (None across the testbed: no swap runs).
+    swap: Option<SwapSetup<'a>>,
     decisions: PathBuf,
 }
 
@@ -227,9 +232,10 @@ fn run_one(
             (o, Some(probe.peak).filter(|&x| x > 0))
         }
         Config::Zram | Config::Disk => {
-            let swap = if c == Config::Zram { s.zram } else { s.disk };
+            let sw = s.swap.as_ref().context("a swap configuration without swap spaces")?;
+            let swap = if c == Config::Zram { sw.zram } else { sw.disk };
             let cmd = p.job.command(s.pagewise, &Wrap::Plain);
-            let r = crate::paging::run_limited_with_swap(cmd, s.group, limit, swap, s.budget)?;
+            let r = crate::paging::run_limited_with_swap(cmd, sw.group, limit, swap, s.budget)?;
             let mut h = twox_hash::XxHash3_64::new();
             std::hash::Hasher::write(&mut h, r.stdout.as_bytes());
             let stdout = Captured {
@@ -293,22 +299,26 @@ impl Experiment for DlmPrograms {
             configs.extend([Config::Zram, Config::Disk]);
         }
 
-        // Swap spaces and the group, restored by the guard whatever happens.
+        // Swap spaces and the group (only for the swap configurations), restored by the guard
+        // whatever happens.
         let guard = SettingsGuard::new();
         let swap_bytes = 4u64 << 30;
-        let disk =
-            SwapFile::create(&guard, ctx.out_dir.join("swapfile"), swap_bytes).context("creating the swap file")?;
-        let zram = crate::paging::zram_swap(&guard, swap_bytes)?;
-        let group = MemCgroup::create(&guard, &format!("dlm-programs-{}", std::process::id()))?;
+        let spaces = if across_hosts {
+            None
+        } else {
+            let disk =
+                SwapFile::create(&guard, ctx.out_dir.join("swapfile"), swap_bytes).context("creating the swap file")?;
+            let zram = crate::paging::zram_swap(&guard, swap_bytes)?;
+            let group = MemCgroup::create(&guard, &format!("dlm-programs-{}", std::process::id()))?;
+            Some((group, zram, disk))
+        };
         // Each DLM run's servers: on this host, or with --net on two testbed hosts of their own.
         let hosts = ServerHosts::new(ctx.net, SERVERS)?;
         let mut setup = Setup {
             pagewise: &pagewise,
             hosts: &hosts,
             budget: Duration::from_secs(60),
-            group: &group,
-            zram: &zram,
-            disk: &disk,
+            swap: spaces.as_ref().map(|(group, zram, disk)| SwapSetup { group, zram, disk }),
             decisions: scratch.path().join("decisions.json"),
         };
 
