@@ -235,11 +235,12 @@ pub(crate) fn report(results: &[ProgramResult], percents: &[u64], configs: &[Con
         report.table("Runs that failed, gave another output than the plain run, or routed nothing", failures);
     }
     report.plots = plots;
-    report.note(
-        "Targets (issue 22): `auto_vs_best_fixed_max` ≤ 1.15 (median of 3 at every share); `dlm_vs_zram_time` reported per program \
-         (DLM = auto; below 1: DLM faster). Per-program keys are the worst share; `_Npct` keys each share. A ratio a run cut off by \
+    let zram_note =
+        if swap { "; `dlm_vs_zram_time` reported per program (DLM = auto; below 1: DLM faster)" } else { "" };
+    report.note(format!(
+        "Targets (issue 22): `auto_vs_best_fixed_max` ≤ 1.15 (median of 3 at every share){zram_note}. Per-program keys are the worst share; `_Npct` keys each share. A ratio a run cut off by \
          the budget enters is marked `_censored`. Every finished run's output was compared with the plain run's.",
-    );
+    ));
     report
 }
 
