@@ -147,6 +147,12 @@ impl ServerHosts {
         }
     }
 
+    /// The addresses (IP only) of the testbed's server hosts, in the order [`Self::spawn`]
+    /// uses them; None on this host.
+    pub fn server_addresses(&self) -> Option<Vec<String>> {
+        self.net.as_ref().map(|n| (1..=n.server_hosts()).map(|i| n.bed.address(i)).collect())
+    }
+
     /// Run the caller's client side on the testbed's client host until the guard drops (on
     /// this host: nothing to do).
     pub fn enter_client(&self) -> anyhow::Result<Option<netns::Entered>> {

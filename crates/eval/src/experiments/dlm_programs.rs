@@ -9,9 +9,13 @@
 //! share of that footprint, the configurations run interleaved (plain, auto, each fixed size,
 //! zram, disk swap; repetition after repetition):
 //! - **auto**: `pagewise run --page-size auto --max-page-size 1M`, and **fixed** sizes
-//!   `--page-size S`, two spawned memory servers, `--local-mem` = the share (whole MiB);
-//! - **zram**: the program in a memory cgroup with zram swap on (`/dev/zram0`: the same RAM,
-//!   compressed; [`crate::paging`]); **disk**: the same with a swap file next to the results.
+//!   `--page-size S`, `--local-mem` = the share (whole MiB), on two fresh memory servers the
+//!   experiment starts for each run ([`servers`]): on this host, or with `--net PROFILE` on two
+//!   testbed hosts behind links shaped to that network, the programs on a client host of their
+//!   own ([`crate::net`]); the summary keys are the same for each profile (results in
+//!   `net-PROFILE/`);
+//! - **zram** (not with `--net`: no network in it): the program in a memory cgroup with zram
+//!   swap on (`/dev/zram0`: the same RAM, compressed; [`crate::paging`]); **disk**: the same with a swap file next to the results.
 //!   The group's limit is the memory the program held under DLM's auto run at that share
 //!   (its peak VmRSS, sampled, and VmHWM: routed pages resident up to --local-mem, plus what
 //!   the shim leaves in libc and the runtime's buffers), so both get the same RAM; when the
@@ -31,15 +35,16 @@
 //! runs 50/25/10/5%, every power of two from 4 KiB to 1 MiB, hpcc N = 4000, 7-Zip up to 32 MiB, xz of 24 MB,
 //! sort of 160 MB with `-S 512M`, numpy on 8 M doubles, a budget of 20× (60–900 s, at least 2×).
 //!
-//! The time compared is the process's wall time (start-up and, for DLM, spawning the servers
-//! included); for 7-Zip's benchmark, which runs for a time it picks, the inverse of its total
+//! The time compared is the process's wall time (start-up included, the servers' start not);
+//! for 7-Zip's benchmark, which runs for a time it picks, the inverse of its total
 //! rating. Separately, `run_vs_library_time_4k` / `_128k`: the project's BT-like solver
 //! (crates/eval/programs/bt_like.c) unmodified under `pagewise run` against the same source
 //! built with its arrays from `dlm_alloc` (bt_library.c, linked with libpagewise), same servers
 //! count, same fixed unit, same local memory (4 KiB at 5%, 128 KiB at 50%), the solver's own
-//! loop time.
+//! loop time (not with `--net`: it compares two client paths on the same servers).
 
 mod library;
+pub mod servers;
 mod table;
 
 use std::path::{Path, PathBuf};
@@ -52,10 +57,14 @@ use pagewise_kernel::swap::{SwapFile, SwapSpace};
 use pagewise_kernel::SettingsGuard;
 use serde_json::json;
 
+use crate::net::ServerHosts;
 use crate::programs::{self, jobs, Canon, Captured, DlmFlags, Job, Outcome, Scratch, Wrap};
 use crate::{human_bytes, Context, Experiment, Report};
 
 pub struct DlmPrograms;
+
+/// Memory servers of each DLM run.
+const SERVERS: usize = 2;
 
 /// One configuration of a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,12 +181,19 @@ impl RssProbe<'_> {
     }
 }
 
-struct Setup<'a> {
-    pagewise: &'a Path,
-    budget: Duration,
+struct SwapSetup<'a> {
     group: &'a MemCgroup,
     zram: &'a dyn SwapSpace,
     disk: &'a dyn SwapSpace,
+}
+
+struct Setup<'a> {
+    pagewise: &'a Path,
+    /// Where each DLM run's memory servers are started.
+    hosts: &'a ServerHosts,
+    budget: Duration,
+    /// The swap configurations' group and spaces (None across the testbed: no swap runs).
+    swap: Option<SwapSetup<'a>>,
     decisions: PathBuf,
 }
 
@@ -198,11 +214,13 @@ fn run_one(
                 page_size: page,
                 max_page_size: 1 << 20,
                 local_mem: local,
-                servers: 2,
+                servers: SERVERS,
                 min_alloc: 1 << 20,
                 decisions: Some(s.decisions.clone()),
             };
-            let cmd = p.job.command(s.pagewise, &Wrap::Dlm(flags));
+            // Fresh servers for every run, stopped when it ends (dropped below).
+            let run_servers = servers::RunServers::start(s.hosts, s.pagewise, SERVERS)?;
+            let cmd = run_servers.command(s.pagewise, &p.job, &flags);
             // The program is the one process of that name among this process's descendants
             // (runs are one at a time).
             let mut probe = RssProbe { root: std::process::id(), comm: p.comm, pid: None, peak: 0 };
@@ -214,9 +232,10 @@ fn run_one(
             (o, Some(probe.peak).filter(|&x| x > 0))
         }
         Config::Zram | Config::Disk => {
-            let swap = if c == Config::Zram { s.zram } else { s.disk };
+            let sw = s.swap.as_ref().context("a swap configuration without swap spaces")?;
+            let swap = if c == Config::Zram { sw.zram } else { sw.disk };
             let cmd = p.job.command(s.pagewise, &Wrap::Plain);
-            let r = crate::paging::run_limited_with_swap(cmd, s.group, limit, swap, s.budget)?;
+            let r = crate::paging::run_limited_with_swap(cmd, sw.group, limit, swap, s.budget)?;
             let mut h = twox_hash::XxHash3_64::new();
             std::hash::Hasher::write(&mut h, r.stdout.as_bytes());
             let stdout = Captured {
@@ -252,6 +271,10 @@ impl Experiment for DlmPrograms {
         "dlm-programs"
     }
 
+    fn runs_across_hosts(&self) -> bool {
+        true
+    }
+
     fn description(&self) -> &'static str {
         "third-party programs (hpcc, 7-Zip, xz, sort, numpy) unmodified under `pagewise run`: auto vs every fixed page size, vs zram and disk swap at the same local memory, and the unmodified path vs the library path (issue 22)"
     }
@@ -269,26 +292,41 @@ impl Experiment for DlmPrograms {
         let progs = programs(mode, scratch.path())?;
         let mut configs = vec![Config::Plain, Config::Dlm(None)];
         configs.extend(fixed.iter().map(|&s| Config::Dlm(Some(s))));
-        configs.extend([Config::Zram, Config::Disk]);
+        // Swap paging and the library path use no network: the run without --net measures
+        // them, and a run per profile stays a few minutes in quick mode.
+        let across_hosts = ctx.net.is_some();
+        if !across_hosts {
+            configs.extend([Config::Zram, Config::Disk]);
+        }
 
-        // Swap spaces and the group, restored by the guard whatever happens.
+        // Swap spaces and the group (only for the swap configurations), restored by the guard
+        // whatever happens.
         let guard = SettingsGuard::new();
         let swap_bytes = 4u64 << 30;
-        let disk =
-            SwapFile::create(&guard, ctx.out_dir.join("swapfile"), swap_bytes).context("creating the swap file")?;
-        let zram = crate::paging::zram_swap(&guard, swap_bytes)?;
-        let group = MemCgroup::create(&guard, &format!("dlm-programs-{}", std::process::id()))?;
+        let spaces = if across_hosts {
+            None
+        } else {
+            let disk =
+                SwapFile::create(&guard, ctx.out_dir.join("swapfile"), swap_bytes).context("creating the swap file")?;
+            let zram = crate::paging::zram_swap(&guard, swap_bytes)?;
+            let group = MemCgroup::create(&guard, &format!("dlm-programs-{}", std::process::id()))?;
+            Some((group, zram, disk))
+        };
+        // Each DLM run's servers: on this host, or with --net on two testbed hosts of their own.
+        let hosts = ServerHosts::new(ctx.net, SERVERS)?;
         let mut setup = Setup {
             pagewise: &pagewise,
+            hosts: &hosts,
             budget: Duration::from_secs(60),
-            group: &group,
-            zram: &zram,
-            disk: &disk,
+            swap: spaces.as_ref().map(|(group, zram, disk)| SwapSetup { group, zram, disk }),
             decisions: scratch.path().join("decisions.json"),
         };
 
-        let total_steps = progs.len() * (1 + percents.len() * configs.len() * reps) + library::STEPS;
+        let library_steps = if across_hosts { 0 } else { library::STEPS };
+        let total_steps = progs.len() * (1 + percents.len() * configs.len() * reps) + library_steps;
         ctx.start_progress(total_steps as u64, "programs");
+        // The programs (plain and under `pagewise run`) on the client's host.
+        let on_client = hosts.enter_client()?;
         let mut results = Vec::new();
         for p in &progs {
             ctx.message(format!("{}: plain run", p.job.name));
@@ -359,18 +397,33 @@ impl Experiment for DlmPrograms {
             });
         }
         drop(scratch);
+        drop(on_client);
 
-        ctx.message("bt_like: pagewise run vs dlm_alloc");
-        let path = library::compare(ctx, &pagewise, mode)?;
+        let path = if across_hosts {
+            None
+        } else {
+            ctx.message("bt_like: pagewise run vs dlm_alloc");
+            Some(library::compare(ctx, &pagewise, mode)?)
+        };
         if let Some(e) = guard.restore().into_iter().next() {
             anyhow::bail!("the settings guard could not restore: {e}");
         }
         let mut report = table::report(&results, &percents, &configs, reps);
-        library::add_to(&mut report, &path);
+        if let Some(path) = &path {
+            library::add_to(&mut report, path);
+        }
         report.data = json!({
             "programs": results.iter().map(table::ProgramResult::json).collect::<Vec<_>>(),
-            "library": path.json(),
+            "library": path.as_ref().map(library::PathComparison::json),
         });
+        hosts.record(&mut report)?;
+        if across_hosts {
+            report.note(
+                "Across the testbed (--net): plain and the DLM configurations only. zram and disk swap use no network, and \
+                 the library-path comparison compares two client paths on the same servers: the run without --net \
+                 measures them.",
+            );
+        }
         Ok(report)
     }
 }

@@ -109,7 +109,12 @@ pub(crate) fn report(results: &[ProgramResult], percents: &[u64], configs: &[Con
     let mut report = Report::default();
     let mut headers = vec!["program".to_string(), "local".into()];
     headers.extend(configs.iter().map(|c| c.label()));
-    headers.extend(["auto / best fixed".to_string(), "auto / zram".into(), "auto / disk".into()]);
+    // Without zram and disk swap (runs across the testbed), no column or figure of theirs.
+    let swap = configs.contains(&Config::Zram);
+    headers.push("auto / best fixed".to_string());
+    if swap {
+        headers.extend(["auto / zram".to_string(), "auto / disk".into()]);
+    }
     let mut table = Table::new(headers);
     let mut failures = Table::new(["program", "local", "configuration", "repetition", "what happened"]);
     let mut worst = (f64::NAN, None::<&'static str>);
@@ -143,12 +148,17 @@ pub(crate) fn report(results: &[ProgramResult], percents: &[u64], configs: &[Con
                     "—".into()
                 }
             };
-            row.extend([show(vs_best), show(vs_zram), show(vs_disk)]);
+            row.push(show(vs_best));
+            if swap {
+                row.extend([show(vs_zram), show(vs_disk)]);
+            }
             table.row(row);
             let key = |k: &str| format!("{}_{k}_{pct}pct", p.name.replace('-', "_"));
             figure(&mut report, &key("auto_vs_best_fixed"), vs_best);
-            figure(&mut report, &key("dlm_vs_zram_time"), vs_zram);
-            figure(&mut report, &key("dlm_vs_disk_swap_time"), vs_disk);
+            if swap {
+                figure(&mut report, &key("dlm_vs_zram_time"), vs_zram);
+                figure(&mut report, &key("dlm_vs_disk_swap_time"), vs_disk);
+            }
             if let Some((c, _)) = &best {
                 report.figure(
                     &key("best_fixed_size"),
@@ -192,10 +202,15 @@ pub(crate) fn report(results: &[ProgramResult], percents: &[u64], configs: &[Con
         }
         let name = p.name.replace('-', "_");
         figure(&mut report, &format!("{name}_auto_vs_best_fixed"), p_auto);
-        figure(&mut report, &format!("{name}_dlm_vs_zram_time"), p_zram);
-        figure(&mut report, &format!("{name}_dlm_vs_disk_swap_time"), p_disk);
+        if swap {
+            figure(&mut report, &format!("{name}_dlm_vs_zram_time"), p_zram);
+            figure(&mut report, &format!("{name}_dlm_vs_disk_swap_time"), p_disk);
+        }
         report.figure(&format!("{name}_footprint_bytes"), p.footprint);
         for (n, pts) in series {
+            if !swap && (n == "zram" || n == "disk swap") {
+                continue;
+            }
             plot.series(n, pts);
         }
         plots.push(plot);
@@ -220,11 +235,12 @@ pub(crate) fn report(results: &[ProgramResult], percents: &[u64], configs: &[Con
         report.table("Runs that failed, gave another output than the plain run, or routed nothing", failures);
     }
     report.plots = plots;
-    report.note(
-        "Targets (issue 22): `auto_vs_best_fixed_max` ≤ 1.15 (median of 3 at every share); `dlm_vs_zram_time` reported per program \
-         (DLM = auto; below 1: DLM faster). Per-program keys are the worst share; `_Npct` keys each share. A ratio a run cut off by \
+    let zram_note =
+        if swap { "; `dlm_vs_zram_time` reported per program (DLM = auto; below 1: DLM faster)" } else { "" };
+    report.note(format!(
+        "Targets (issue 22): `auto_vs_best_fixed_max` ≤ 1.15 (median of 3 at every share){zram_note}. Per-program keys are the worst share; `_Npct` keys each share. A ratio a run cut off by \
          the budget enters is marked `_censored`. Every finished run's output was compared with the plain run's.",
-    );
+    ));
     report
 }
 
