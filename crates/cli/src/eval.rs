@@ -91,7 +91,7 @@ pub struct Args {
     /// Run the memory servers on hosts of a testbed behind links of this network profile
     /// (`pagewise testbed profiles`), one run per profile: PROFILE[,PROFILE…] or `all`.
     /// Results go to DIR/NAME/net-PROFILE/. For the experiments that place memory servers
-    /// (dlm-fault, dlm-autotune); needs root.
+    /// (dlm-fault, dlm-autotune, dlm-programs, dlm-failover); needs root.
     #[arg(long, value_name = "PROFILE")]
     net: Option<String>,
 }
