@@ -87,6 +87,14 @@ struct Run {
     daemon_reclaimed_mib: f64,
     slab_passes: u64,
     max_pass_ms: f64,
+    workers_cpu_s: f64,
+    workers_wait_s: f64,
+    daemon_cpu_s: f64,
+    daemon_wait_s: f64,
+    daemon_passes: u64,
+    collector_cpu_s: f64,
+    charged_mib: f64,
+    max_low_mib: f64,
 }
 
 fn split_config(cg: &std::path::Path, vfs: Option<u32>) -> anyhow::Result<Config> {
@@ -135,6 +143,7 @@ fn run_once(setup: Setup, pattern: Pattern, sz: &Sizes, dir: &std::path::Path, r
         ],
     )?;
     let out = finish(child)?;
+    let charged_mib = cg.composition()?.charged_pages.unwrap_or(0) as f64 / 256.0;
     let report = daemon.map(Daemon::stop);
     let agg = collector.finish()?;
     drop(guard);
@@ -153,6 +162,14 @@ fn run_once(setup: Setup, pattern: Pattern, sz: &Sizes, dir: &std::path::Path, r
         daemon_reclaimed_mib: w.map_or(0.0, |w| (w.reclaimed_bytes + w.slab_reclaimed_bytes) as f64 / (1 << 20) as f64),
         slab_passes: w.map_or(0, |w| w.slab_passes),
         max_pass_ms: w.map_or(0.0, |w| w.max_pass_ms),
+        workers_cpu_s: out["workers_on_cpu_s"].as_f64().unwrap_or(0.0),
+        workers_wait_s: out["workers_run_queue_wait_s"].as_f64().unwrap_or(0.0),
+        daemon_cpu_s: w.map_or(0.0, |w| w.sched.on_cpu_ns as f64 / 1e9),
+        daemon_wait_s: w.map_or(0.0, |w| w.sched.run_queue_wait_ns as f64 / 1e9),
+        daemon_passes: w.map_or(0, |w| w.reclaim_passes),
+        collector_cpu_s: agg.drain_sched.on_cpu_ns as f64 / 1e9,
+        charged_mib,
+        max_low_mib: w.map_or(0.0, |w| w.max_low_mib),
     })
 }
 
@@ -249,6 +266,10 @@ impl Experiment for ReclaimSplit {
                         "path_reclaim": r.path, "path_slab": r.path_slab, "reclaimd_reclaim": r.worker_reclaim,
                         "p50_us": r.p50_us, "p99_us": r.p99_us, "max_us": r.max_us, "seconds": r.seconds,
                         "daemon_reclaimed_mib": r.daemon_reclaimed_mib, "slab_passes": r.slab_passes, "max_pass_ms": r.max_pass_ms,
+                        "workers_cpu_s": r.workers_cpu_s, "workers_run_queue_wait_s": r.workers_wait_s,
+                        "reclaimd_cpu_s": r.daemon_cpu_s, "reclaimd_run_queue_wait_s": r.daemon_wait_s,
+                        "reclaimd_passes": r.daemon_passes, "collector_cpu_s": r.collector_cpu_s,
+                        "charged_mib": r.charged_mib, "reclaimd_max_low_mib": r.max_low_mib,
                     })).collect::<Vec<_>>(),
                 }));
             }
