@@ -363,8 +363,10 @@ impl ChargeRate {
 /// memory crosses `low` until the worker's pass ends, `rate × reaction_s` more pages are
 /// charged, so `low` must cover that twice over (a safety factor of 2 for a rate that rises
 /// within one reaction time), and the hysteresis gap must cover it once so that one pass
-/// buys at least one reaction time. Both are capped at `cap` pages (a share of the limit
-/// left for the workload); the configured watermarks are the floor.
+/// buys at least one reaction time. `high` is capped at `cap` pages (the share of the limit
+/// the workload may lose to headroom), and the gap is kept when the cap bites: a capped
+/// `low` equal to `high` made every pass a sliver, and the worker fell behind its load
+/// (issue 23). The configured watermarks are the floor.
 pub fn rate_sized_watermarks(base: Watermarks, rate_pages_per_s: f64, reaction_s: f64, cap: u64) -> Watermarks {
     let during = |factor: f64| {
         let pages = rate_pages_per_s.max(0.0) * reaction_s.max(0.0) * factor;
@@ -374,9 +376,11 @@ pub fn rate_sized_watermarks(base: Watermarks, rate_pages_per_s: f64, reaction_s
             cap
         }
     };
-    let low = base.low.max(during(2.0)).min(cap.max(base.low));
-    let gap = (base.high - base.low).max(during(1.0));
-    let high = low.saturating_add(gap).min(cap.max(base.high)).max(low);
+    let base_gap = base.high - base.low;
+    let gap = base_gap.max(during(1.0).min(cap / 2));
+    let wanted_low = base.low.max(during(2.0));
+    let high = wanted_low.saturating_add(gap).min(cap.max(base.high)).max(base.high);
+    let low = base.low.max(wanted_low.min(high.saturating_sub(gap)));
     Watermarks { min: base.min.min(low), low, high }
 }
 
@@ -606,9 +610,11 @@ mod tests {
         // 4 GiB/s and 10 ms: low 2 × 10486, gap 10486.
         let w = rate_sized_watermarks(base, 1_048_576.0, 0.01, 40_000);
         assert_eq!((w.low, w.high), (20_972, 31_458));
-        // Capped by the share of the limit.
+        // Capped by the share of the limit, keeping a gap: half the cap.
         let w = rate_sized_watermarks(base, 1e9, 1.0, 40_000);
-        assert_eq!((w.low, w.high), (40_000, 40_000));
+        assert_eq!((w.low, w.high), (20_000, 40_000));
+        // A cap below the configured watermarks leaves them as configured.
+        assert_eq!(rate_sized_watermarks(base, 1e9, 1.0, 10_000), base);
     }
 
     #[test]
@@ -653,6 +659,7 @@ mod tests {
             prop_assert!(w.min <= w.low && w.low <= w.high);
             prop_assert!(w.low >= base.low && w.high >= base.high, "never below the configured watermarks");
             prop_assert!(w.low <= cap.max(base.low) && w.high <= cap.max(base.high), "never above the cap");
+            prop_assert!(w.high - w.low >= base.high - base.low, "the hysteresis gap never shrinks");
         }
 
         #[test]
