@@ -11,7 +11,9 @@
 //!   - *Headroom sized to the load*: a fixed headroom cannot hold against an unknown rate, so
 //!     the watermarks are raised to what the group charges (v1 `total_pgpgin` per second)
 //!     during the worker's reaction time (its wake-up plus its last passes), the way
-//!     watermark_scale_factor and watermark boost size kswapd's ([`rate_sized_watermarks`]).
+//!     watermark_scale_factor and watermark boost size kswapd's ([`rate_sized_watermarks`]),
+//!     the rate measured over windows of at least 50 ms, the headroom capped at
+//!     `max_headroom_percent` of the limit: every page kept free is cache the group lacks.
 //!   - *Protected reserve*: with `reclaim_cgroup` the reclaim group gets a standing limit of
 //!     the watched group's limit minus `protected_reserve_kb`. A pressure faster than the
 //!     worker then meets its own limit, and reclaims on its own core, before the watched
