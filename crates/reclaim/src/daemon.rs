@@ -398,16 +398,7 @@ fn worker_loop(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared, mut 
     // timer: the hysteresis is still running and the load is still charging.
     let mut again = false;
     while !shared.stop.load(Ordering::Acquire) {
-        // With a usage threshold armed, the kernel wakes the worker when usage crosses its
-        // low watermark; the timer is only the fallback (and the slab trigger's poll), so an
-        // idle worker polls at a tenth of the rate. Polling memory.stat every 2 ms cost 7% of
-        // the reclaim core under the slab-heavy file-server load, for 5 slab batches a run
-        // (issue 23).
-        let timeout = match (again, &load.threshold) {
-            (true, _) => Duration::ZERO,
-            (false, Some(_)) => cfg.interval * IDLE_POLL_FACTOR,
-            (false, None) => cfg.interval,
-        };
+        let timeout = if again { Duration::ZERO } else { cfg.interval };
         match (&load.threshold, &psi) {
             (Some(t), _) => rep.threshold_wakeups += u64::from(t.wait(timeout).unwrap_or(false)),
             (None, Some(p)) => rep.psi_wakeups += u64::from(p.wait(timeout).unwrap_or(false)),
@@ -570,9 +561,6 @@ impl LoadSizing {
         Ok(())
     }
 }
-
-/// How much longer an idle worker with an armed usage threshold waits than `interval_ms`.
-const IDLE_POLL_FACTOR: u32 = 10;
 
 /// (free pages, pages to reclaim, the group's limit)
 type Step = pagewise_kernel::Result<(u64, u64, Option<u64>)>;
