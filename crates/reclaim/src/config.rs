@@ -161,6 +161,11 @@ pub struct RawConfig {
     /// group whose tasks keep charging; a pass that overruns is cut and the next one follows.
     #[serde(default = "default_pass_ms")]
     pub pass_ms: u64,
+    /// Cgroup scope: the most headroom the worker's rate sizing may keep free, in % of the
+    /// group's limit (the configured low/high watermarks are kept even when above it). Every
+    /// page kept free is a page of cache the workload does not have.
+    #[serde(default = "default_max_headroom_percent")]
+    pub max_headroom_percent: u32,
     #[serde(default)]
     pub roles: RawRoles,
     #[serde(default)]
@@ -178,6 +183,9 @@ fn default_batch() -> u64 {
     4096
 }
 fn default_pass_ms() -> u64 {
+    10
+}
+fn default_max_headroom_percent() -> u32 {
     10
 }
 fn default_psi_stall() -> u64 {
@@ -302,6 +310,9 @@ impl Config {
         }
         if raw.pass_ms == 0 || raw.pass_ms > 10_000 {
             return Err(err("pass_ms", format!("{} is outside 1..=10000", raw.pass_ms)));
+        }
+        if raw.max_headroom_percent == 0 || raw.max_headroom_percent > 50 {
+            return Err(err("max_headroom_percent", format!("{} is outside 1..=50", raw.max_headroom_percent)));
         }
         if raw.worker_rt_priority > 99 {
             return Err(err("worker_rt_priority", format!("{} is outside 0..=99", raw.worker_rt_priority)));

@@ -11,7 +11,9 @@
 //!   - *Headroom sized to the load*: a fixed headroom cannot hold against an unknown rate, so
 //!     the watermarks are raised to what the group charges (v1 `total_pgpgin` per second)
 //!     during the worker's reaction time (its wake-up plus its last passes), the way
-//!     watermark_scale_factor and watermark boost size kswapd's ([`rate_sized_watermarks`]).
+//!     watermark_scale_factor and watermark boost size kswapd's ([`rate_sized_watermarks`]),
+//!     the rate measured over windows of at least 50 ms, the headroom capped at
+//!     `max_headroom_percent` of the limit: every page kept free is cache the group lacks.
 //!   - *Protected reserve*: with `reclaim_cgroup` the reclaim group gets a standing limit of
 //!     the watched group's limit minus `protected_reserve_kb`. A pressure faster than the
 //!     worker then meets its own limit, and reclaims on its own core, before the watched
@@ -98,6 +100,8 @@ pub struct WorkerReport {
     pub max_low_mib: f64,
     /// The longest reaction time (wake-up to end of pass) the watermarks were sized for, ms.
     pub max_reaction_ms: f64,
+    /// The worker thread's CPU time and run-queue wait over its life (schedstat).
+    pub sched: pagewise_kernel::cpu::SchedStat,
     pub errors: Vec<String>,
 }
 
@@ -356,7 +360,13 @@ fn control_loop(mut tree: Option<Tree>, mut apply_global: bool, shared: &Shared)
 }
 
 fn worker(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared) -> WorkerReport {
-    let mut rep = WorkerReport { cpu: cpu_id, min_free_pages: u64::MAX, ..Default::default() };
+    let rep = WorkerReport { cpu: cpu_id, min_free_pages: u64::MAX, ..Default::default() };
+    let sched0 = cpu::SchedStat::this_thread().unwrap_or_default();
+    let rep = worker_loop(cpu_id, cfg, scope, shared, rep);
+    WorkerReport { sched: cpu::SchedStat::this_thread().unwrap_or_default().since(&sched0), ..rep }
+}
+
+fn worker_loop(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared, mut rep: WorkerReport) -> WorkerReport {
     if let Err(e) = cpu::pin_to(cpu_id) {
         rep.errors.push(format!("pin to cpu {cpu_id}: {e}"));
         shared.stop.store(true, Ordering::Release);
@@ -383,13 +393,18 @@ fn worker(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared) -> Worker
     let pass = Duration::from_millis(cfg.raw.pass_ms);
     let mut hyst: BTreeMap<usize, Hysteresis> = BTreeMap::new();
     let mut raised_warned = false;
-    let mut load = LoadSizing::new(cfg.interval);
+    let mut load = LoadSizing::new(cfg.interval, cfg.raw.max_headroom_percent);
+    // A pass that freed memory but left free below high is followed at once, not after the
+    // timer: the hysteresis is still running and the load is still charging.
+    let mut again = false;
     while !shared.stop.load(Ordering::Acquire) {
+        let timeout = if again { Duration::ZERO } else { cfg.interval };
         match (&load.threshold, &psi) {
-            (Some(t), _) => rep.threshold_wakeups += u64::from(t.wait(cfg.interval).unwrap_or(false)),
-            (None, Some(p)) => rep.psi_wakeups += u64::from(p.wait(cfg.interval).unwrap_or(false)),
-            (None, None) => std::thread::sleep(cfg.interval),
+            (Some(t), _) => rep.threshold_wakeups += u64::from(t.wait(timeout).unwrap_or(false)),
+            (None, Some(p)) => rep.psi_wakeups += u64::from(p.wait(timeout).unwrap_or(false)),
+            (None, None) => std::thread::sleep(timeout),
         }
+        again = false;
         let woke = Instant::now();
         rep.wakeups += 1;
         rep.ran_on.insert(cpu::current_cpu());
@@ -439,6 +454,7 @@ fn worker(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared) -> Worker
                 Ok(b) => {
                     rep.reclaimed_bytes += b;
                     load.reclaimed_pages += b / PAGE;
+                    again = b > 0 && hyst.values().any(|h| h.active);
                 }
                 Err(e @ pagewise_kernel::Error::LimitNotRestored { .. }) => {
                     rep.errors.push(e.to_string());
@@ -489,14 +505,17 @@ struct LoadSizing {
     reclaimed_pages: u64,
     low_pages: u64,
     refused: u64,
+    /// The cap of the rate-sized headroom, in % of the limit.
+    max_headroom_percent: u32,
 }
 
 impl LoadSizing {
     /// Reaction times remembered: the watermarks are sized for the worst of these.
     const WINDOW: usize = 32;
 
-    fn new(interval: Duration) -> Self {
+    fn new(interval: Duration, max_headroom_percent: u32) -> Self {
         LoadSizing {
+            max_headroom_percent,
             rate: ChargeRate::default(),
             reactions: Default::default(),
             interval,
@@ -579,7 +598,8 @@ fn cgroup_step(
     load.last = Some(now);
     let charged = comp.charged_pages.unwrap_or(comp.usage / PAGE + load.reclaimed_pages);
     let rate = load.rate.observe(charged, dt);
-    let wm = rate_sized_watermarks(base, rate, load.reaction_s(), own_lim / PAGE / 2);
+    let cap = own_lim / PAGE * u64::from(load.max_headroom_percent) / 100;
+    let wm = rate_sized_watermarks(base, rate, load.reaction_s(), cap);
     load.low_pages = wm.low;
     if let Err(e) = load.arm(target, own_lim, wm.low * PAGE) {
         shared.say(format!("usage threshold on {} not armed ({e}); timer only", target.path().display()));

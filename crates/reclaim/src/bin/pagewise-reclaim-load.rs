@@ -22,6 +22,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use pagewise_kernel::cgroup::MemCgroup;
+use pagewise_kernel::cpu::SchedStat;
 use pagewise_kernel::mem::{mlockall_current_and_future, touch_pages, MapOptions, Mapping};
 
 fn die(msg: impl std::fmt::Display) -> ! {
@@ -198,6 +199,7 @@ fn fileserver(a: &Args) {
                 .name("pw-fs-worker".into())
                 .spawn(move || {
                     let path_of = |i: usize| dir.join(format!("d{:03}", i % 256)).join(format!("f{i:07}"));
+                    let sched0 = SchedStat::this_thread().unwrap_or_default();
                     let mut lat = Vec::with_capacity(ops);
                     let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1);
                     let mut buf = vec![0u8; file_kb * 1024];
@@ -222,17 +224,27 @@ fn fileserver(a: &Args) {
                         }
                         lat.push(s.elapsed().as_nanos() as u64);
                     }
-                    lat
+                    (lat, SchedStat::this_thread().unwrap_or_default().since(&sched0))
                 })
                 .unwrap_or_else(|e| die(e)),
         );
     }
-    let mut lat = Vec::new();
+    let (mut lat, mut on_cpu_ns, mut wait_ns) = (Vec::new(), 0u64, 0u64);
     for h in handles {
-        lat.extend(h.join().unwrap_or_else(|_| die("worker panicked")));
+        let (l, sched) = h.join().unwrap_or_else(|_| die("worker panicked"));
+        lat.extend(l);
+        on_cpu_ns += sched.on_cpu_ns;
+        wait_ns += sched.run_queue_wait_ns;
     }
     let secs = t0.elapsed().as_secs_f64();
-    println!("{}", serde_json::json!({ "seconds": secs, "requests": lat.len(), "latency": summary(lat) }));
+    println!(
+        "{}",
+        serde_json::json!({
+            "seconds": secs, "requests": lat.len(), "latency": summary(lat),
+            // All workers together: CPU time, and time runnable but waiting for a CPU.
+            "workers_on_cpu_s": on_cpu_ns as f64 / 1e9, "workers_run_queue_wait_s": wait_ns as f64 / 1e9,
+        })
+    );
 }
 
 fn main() {
