@@ -246,7 +246,7 @@ fn reclaimd_never_lowers_a_limit_into_anonymous_memory() {
         s("--fill-mb"),
         s(112),
         s("--seconds"),
-        s(2.0),
+        s(4.0),
         s("--cgroup"),
         cg.path().display().to_string(),
     ]);
@@ -255,15 +255,17 @@ fn reclaimd_never_lowers_a_limit_into_anonymous_memory() {
         std::thread::sleep(Duration::from_millis(5));
     }
     let daemon = Daemon::start(&cfg, guard.clone(), Options::default()).unwrap();
-    let mut limits = BTreeSet::new();
-    while t0.elapsed() < Duration::from_millis(1800) {
+    // Watch for one second from the daemon's start, however long filling the group took on
+    // a busy machine (a window counted from the fill's start could be over before it began).
+    let (mut limits, watch) = (BTreeSet::new(), Instant::now());
+    while watch.elapsed() < Duration::from_secs(1) {
         limits.insert(cg.limit().unwrap());
         std::thread::sleep(Duration::from_millis(2));
     }
     let held = output(holder);
     let report = daemon.stop();
     let w = &report.workers[0];
-    assert_eq!(held["seconds"].as_f64(), Some(2.0), "the workload ran to its end: {held}");
+    assert_eq!(held["seconds"].as_f64(), Some(4.0), "the workload ran to its end: {held}");
     assert_eq!(cg.oom_kills().unwrap(), 0, "no OOM kill in the group");
     assert_eq!(limits, BTreeSet::from([Some(limit)]), "the limit never changed");
     assert_eq!(w.reclaim_passes, 0, "no reclaim pass: {w:?}");
