@@ -78,6 +78,12 @@ pub struct DlmOptions {
     /// one (give more servers than pieces).
     #[arg(long, default_value = "none")]
     redundancy: String,
+    /// Leave the program's CPUs alone. By default, while the program has one thread, the
+    /// fault handler pins that thread and itself to one CPU, and gives the masks back when the
+    /// program starts more threads: a fault's two wake-ups and its TLB flushes then stay on
+    /// one CPU (docs/dlm.md, "The handler keeps the program company").
+    #[arg(long)]
+    no_colocate: bool,
 }
 
 /// [`DlmOptions`] parsed and checked.
@@ -178,7 +184,12 @@ impl DlmProgram {
             .env("PAGEWISE_DLM_FAULT_MODE", "thread")
             .env("PAGEWISE_DLM_DONTFORK", "1")
             .env("PAGEWISE_DLM_REDUNDANCY", c.redundancy.to_string())
-            .env("PAGEWISE_DLM_FAULT_TIMEOUT_MS", (opts.fault_timeout * 1000).to_string());
+            .env("PAGEWISE_DLM_FAULT_TIMEOUT_MS", (opts.fault_timeout * 1000).to_string())
+            .env("PAGEWISE_DLM_COLOCATE", if opts.no_colocate { "0" } else { "1" });
+        // What a process the pinned program starts gets back (`runtime/colocate.rs`).
+        if let Ok(cpus) = pagewise_kernel::cpu::affinity(0) {
+            cmd.env(pagewise_dlm::PROGRAM_CPUS_ENV, pagewise_kernel::cpu::format_cpulist(&cpus));
+        }
         if opts.bss {
             cmd.env("PAGEWISE_PRELOAD_BSS", "1");
         }

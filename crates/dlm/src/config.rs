@@ -101,6 +101,10 @@ pub struct Config {
     /// How units are stored across the servers (`redundancy.rs`): once (a lost server ends the
     /// program), erasure-coded, or copied (a lost server loses nothing).
     pub redundancy: crate::redundancy::Redundancy,
+    /// Handler-thread mode: while the program has one thread, the handler pins it and itself
+    /// to one CPU, and gives both their masks back when the program has more threads
+    /// (`runtime/colocate.rs`: a fault's wake-ups and TLB flushes then stay on one CPU).
+    pub colocate: bool,
 }
 
 impl Default for Config {
@@ -125,6 +129,7 @@ impl Default for Config {
             dont_fork: true,
             secret: None,
             redundancy: crate::redundancy::Redundancy::None,
+            colocate: true,
         }
     }
 }
@@ -152,7 +157,7 @@ impl Config {
     /// `PAGEWISE_DLM_READAHEAD`, `PAGEWISE_DLM_ZERO_COPY` (0/1), `PAGEWISE_DLM_MOVE` (0/1:
     /// `move_install`), `PAGEWISE_DLM_HASH_CLEAN` (0/1: `hash_clean`), `PAGEWISE_DLM_REFERENCES` (0/1: `sample_references`), `PAGEWISE_DLM_AUTO_TUNE` (0/1),
     /// `PAGEWISE_DLM_MIN_SET`, `PAGEWISE_DLM_TUNE_WINDOW_MS`, `PAGEWISE_DLM_DECISIONS` (a file),
-    /// `PAGEWISE_DLM_FAULT_TIMEOUT_MS` (0: none), `PAGEWISE_DLM_DONTFORK` (0/1),
+    /// `PAGEWISE_DLM_FAULT_TIMEOUT_MS` (0: none), `PAGEWISE_DLM_DONTFORK` (0/1), `PAGEWISE_DLM_COLOCATE` (0/1),
     /// `PAGEWISE_DLM_SECRET` (the servers' shared secret), `PAGEWISE_DLM_REDUNDANCY`
     /// (`none`, `ec:K+M`, `copies:N`) through `get`.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, DlmError> {
@@ -215,6 +220,9 @@ impl Config {
         if let Some(v) = get("PAGEWISE_DLM_REDUNDANCY") {
             c.redundancy = crate::redundancy::Redundancy::parse(&v)
                 .map_err(|e| DlmError::Config(format!("PAGEWISE_DLM_REDUNDANCY: {e}")))?;
+        }
+        if let Some(v) = get("PAGEWISE_DLM_COLOCATE") {
+            c.colocate = num("PAGEWISE_DLM_COLOCATE", v)? != 0;
         }
         if let Some(v) = get("PAGEWISE_DLM_FAULT_TIMEOUT_MS") {
             let ms = num("PAGEWISE_DLM_FAULT_TIMEOUT_MS", v)?;

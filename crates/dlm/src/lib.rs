@@ -39,7 +39,7 @@ pub mod tune;
 
 pub use config::{parse_size, Config, FaultMode};
 pub use redundancy::Redundancy;
-pub use runtime::{Access, Dlm, Stats};
+pub use runtime::{Access, Dlm, Stats, PROGRAM_CPUS_ENV};
 
 /// Errors of the DLM runtime's API (fault-path failures stop the program instead).
 #[derive(Debug, thiserror::Error)]

@@ -118,6 +118,8 @@ use pagewise_kernel::mem::Mapping;
 use pagewise_kernel::uffd::{feature, Uffd, UffdBuilder};
 
 mod area;
+mod colocate;
+pub use colocate::PROGRAM_CPUS_ENV;
 mod evict;
 mod fault;
 mod frames;
@@ -225,6 +227,9 @@ pub struct Stats {
     pub second_chances: u64,
     /// Accesses to armed units: each a reference the eviction policy saw.
     pub reference_faults: u64,
+    /// Times the handler thread pinned the program's one thread and itself to one CPU
+    /// (`Config::colocate`, `runtime/colocate.rs`).
+    pub colocations: u64,
     /// Units installed by moving their received pages into the program's view (`frames.rs`).
     pub moved_units: u64,
     /// Of those, units received into kept frames where those lay (another unit's place in the
@@ -384,7 +389,8 @@ fn open_uffd(mode: FaultMode, shmem: bool, kernel_features: u64) -> Result<(Uffd
         if mode == FaultMode::Sigbus {
             b.require(feature::SIGBUS)
         } else {
-            b.nonblocking(true)
+            // The faulting thread's id: the handler keeps it company (`runtime/colocate.rs`).
+            b.require(feature::THREAD_ID & kernel_features).nonblocking(true)
         }
     };
     match builder(false).open() {
@@ -410,6 +416,9 @@ impl Dlm {
     }
 
     fn start(cfg: Config) -> Result<Dlm, DlmError> {
+        if cfg.colocate {
+            colocate::widen_inherited_mask();
+        }
         // Areas are anonymous memory with a shadow when the kernel has UFFDIO_MOVE (armed
         // units wait in the shadow). They are memfd-backed — shmem userfaultfd (MISSING, MINOR
         // and WP on shmem) — for zero-copy, and for reference sampling without UFFDIO_MOVE.

@@ -226,7 +226,13 @@ fn a_client_whose_host_vanished_loses_its_regions() {
         );
     }
     let cut = std::time::Instant::now();
-    let gone = |srv: &ServerProc| srv.log.lock().unwrap().iter().any(|l| l.contains("stopped answering (keepalive)"));
+    // Either way the server learns the host is gone: no answer to its keepalive probes, or
+    // an ICMP "no route to host" for a probe once the neighbour entry has expired.
+    let gone = |srv: &ServerProc| {
+        srv.log.lock().unwrap().iter().any(|l| {
+            l.contains(" gone (") && (l.contains("stopped answering (keepalive)") || l.contains("No route to host"))
+        })
+    };
     while !s.servers.iter().all(gone) {
         assert!(
             cut.elapsed() < std::time::Duration::from_secs(30),

@@ -8,24 +8,39 @@ use std::sync::atomic::Ordering;
 use pagewise_kernel::mem::{mprotect, Protection};
 use pagewise_kernel::uffd::Event;
 
+use super::colocate::Colocation;
 use super::{Access, Inner, State, DETACHED, GONE, INFLIGHT, MAX_PENDING, NONE};
 use crate::config::FaultMode;
 
 pub(super) fn handler_thread(inner: &Inner) {
     let uffd = inner.uffd.as_ref().expect("handler mode has a uffd");
     let fd = std::os::fd::AsRawFd::as_raw_fd(uffd);
+    let mut colocation = if inner.cfg.colocate { Colocation::new() } else { None };
     while !inner.stop.load(Ordering::Acquire) {
-        match pagewise_kernel::net::poll(fd, std::time::Duration::from_millis(100)) {
+        // While pinned, threads the program starts share its one CPU until the next check:
+        // check often.
+        let wait = if colocation.as_ref().is_some_and(Colocation::is_pinned) { 10 } else { 100 };
+        match pagewise_kernel::net::poll(fd, std::time::Duration::from_millis(wait)) {
             Ok(true) => {}
-            Ok(false) => continue,
+            Ok(false) => {
+                if let Some(c) = &mut colocation {
+                    c.check(None);
+                }
+                continue;
+            }
             Err(e) => crate::fatal(format_args!("pagewise dlm: waiting for faults failed: {e}")),
         }
         loop {
             match uffd.read_event() {
-                Ok(Some(Event::Pagefault { addr, write, .. })) => {
+                Ok(Some(Event::Pagefault { addr, write, thread_id, .. })) => {
+                    let pinned = match &mut colocation {
+                        Some(c) if thread_id != 0 => c.check(Some(thread_id)),
+                        _ => false,
+                    };
                     // A panic here would leave the faulting thread waiting forever: stop instead.
                     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         let mut st = inner.lock();
+                        st.stats.colocations += u64::from(pinned);
                         if let Served::NotOurs = inner.serve(&mut st, addr, write) {
                             // Registered with this userfaultfd but no area's: a range the
                             // runtime gave up as the fault was taken. Retried, it meets what
@@ -44,6 +59,9 @@ pub(super) fn handler_thread(inner: &Inner) {
                 }
             }
         }
+    }
+    if let Some(c) = &mut colocation {
+        c.release();
     }
 }
 
