@@ -47,6 +47,11 @@ pub struct Args {
     /// however long it goes without a request.
     #[arg(long, default_value_t = 0)]
     idle_timeout: u64,
+    /// After each answer, watch the client's connection this many microseconds for its next
+    /// request before sleeping (0: sleep at once). A program paging at full speed asks again
+    /// within tens of microseconds; a sleeping server thread costs it a wake-up each time.
+    #[arg(long, value_name = "MICROSECONDS", default_value_t = 50)]
+    spin_us: u64,
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
@@ -67,6 +72,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         verbose: a.verbose,
         max_clients: a.max_clients,
         dead_peer_timeout: (a.idle_timeout > 0).then(|| std::time::Duration::from_secs(a.idle_timeout.max(3))),
+        spin: std::time::Duration::from_micros(a.spin_us),
         ..ServerConfig::new(a.listen.clone(), capacity, secret)
     };
     let server = Server::bind(&cfg).with_context(|| format!("listening on {}", a.listen))?;

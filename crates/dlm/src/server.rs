@@ -31,6 +31,9 @@ use crate::transport::{write_two, HANDSHAKE_TIMEOUT};
 /// `ServerConfig::dead_peer_timeout` is not given.
 pub const DEFAULT_DEAD_PEER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// Default of `ServerConfig::spin`.
+pub const DEFAULT_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+
 /// How to run a server.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -48,6 +51,11 @@ pub struct ServerConfig {
     /// [`DEFAULT_DEAD_PEER_TIMEOUT`]). A live client that makes no request keeps its regions:
     /// its kernel answers the probes.
     pub dead_peer_timeout: Option<std::time::Duration>,
+    /// After answering, watch the connection this long for the client's next request before
+    /// sleeping (zero: sleep at once). A request that finds its server thread asleep waits for
+    /// a wake-up on the server's CPU — on a VM a halted vCPU the host must wake — and a
+    /// program paging at full speed sends its next request within tens of microseconds.
+    pub spin: std::time::Duration,
     /// The secret clients must prove at connect.
     pub secret: Secret,
 }
@@ -62,6 +70,7 @@ impl ServerConfig {
             verbose: false,
             max_clients: 256,
             dead_peer_timeout: None,
+            spin: DEFAULT_SPIN,
             secret,
         }
     }
@@ -102,6 +111,7 @@ struct Shared {
     verbose: bool,
     max_clients: usize,
     dead_peer_timeout: std::time::Duration,
+    spin: std::time::Duration,
     secret: Secret,
 }
 
@@ -154,6 +164,7 @@ impl Server {
                 verbose: cfg.verbose,
                 max_clients: cfg.max_clients,
                 dead_peer_timeout: cfg.dead_peer_timeout.unwrap_or(DEFAULT_DEAD_PEER_TIMEOUT),
+                spin: cfg.spin,
                 secret: cfg.secret.clone(),
             }),
         })
@@ -267,6 +278,7 @@ enum After {
 impl Conn<'_> {
     fn serve(&mut self) -> String {
         loop {
+            self.await_briefly();
             let mut b = [0u8; HEADER_LEN];
             match read_full(&mut self.stream, &mut b) {
                 Ok(0) => return "closed".into(),
@@ -285,6 +297,20 @@ impl Conn<'_> {
                 Ok(After::Close) => return "closed after a stream-breaking error".into(),
                 Err(e) => return format!("i/o error: {e}"),
             }
+        }
+    }
+
+    /// Watch the connection for up to `spin` (`ServerConfig::spin`), yielding the CPU between
+    /// looks so that other threads sharing it still run.
+    fn await_briefly(&self) {
+        let spin = self.shared.spin;
+        if spin.is_zero() {
+            return;
+        }
+        let fd = self.stream.as_raw_fd();
+        let start = std::time::Instant::now();
+        while pagewise_kernel::net::bytes_readable(fd).is_ok_and(|n| n == 0) && start.elapsed() < spin {
+            std::thread::yield_now();
         }
     }
 
