@@ -136,52 +136,24 @@ fn stores_survive_eviction_with_a_second_thread() {
     dlm.audit().unwrap();
 }
 
-/// The scenarios, by the name `DLM_SCENARIO` gives them.
-const SCENARIOS: &[(&str, fn())] = &[
+/// The scenarios, by the name `DLM_SCENARIO` gives them: the runtime receives into the
+/// program's view, and hashes, only in a program with one thread (`common::Scenarios`).
+const SCENARIOS: common::Scenarios = &[
     ("found", stores_to_hashed_units_are_found),
     ("arming", stores_survive_arming),
     ("second-thread", stores_survive_eviction_with_a_second_thread),
 ];
 
-/// The runtime receives into the program's view, and hashes, only in a program with one
-/// thread: not the test harness, which has two (its main thread and the test's). So a
-/// scenario runs in this test binary started again with `DLM_SCENARIO` set: this function,
-/// run by the loader before `main` (before libtest starts any thread), runs it there and exits.
-/// (A fork of the harness would have one thread too, but after fork(2) in a threaded process
-/// only async-signal-safe work is allowed: `kernel::fork`.)
 #[used]
 #[link_section = ".init_array"]
 static SCENARIO_BEFORE_MAIN: extern "C" fn() = scenario_before_main;
 
 extern "C" fn scenario_before_main() {
-    use std::io::Write;
-    let Some(name) = std::env::var_os("DLM_SCENARIO") else { return };
-    let Some(&(_, scenario)) = SCENARIOS.iter().find(|(n, _)| std::ffi::OsStr::new(n) == name) else {
-        eprintln!("unknown scenario {name:?}");
-        std::process::exit(2);
-    };
-    let ok = std::panic::catch_unwind(scenario).is_ok();
-    if ok {
-        println!("SCENARIO-OK");
-    }
-    let _ = std::io::stdout().flush();
-    std::process::exit(if ok { 0 } else { 1 });
+    common::scenario_before_main(SCENARIOS);
 }
 
 fn run(scenario: &str) {
-    let server = common::ServerProc::start("64M");
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .env("DLM_SCENARIO", scenario)
-        .env("DLM_TEST_SERVER", &server.addr)
-        .env(pagewise_dlm::auth::SECRET_ENV, common::secret().as_env_value())
-        .output()
-        .unwrap();
-    let so = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && so.contains("SCENARIO-OK"),
-        "scenario {scenario}: {so}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::run_scenario(scenario, &[]);
 }
 
 #[test]

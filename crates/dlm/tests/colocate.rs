@@ -120,59 +120,29 @@ fn off_leaves_masks_alone() {
 }
 
 fn inherited_mask_is_widened() {
-    let program: BTreeSet<usize> =
-        cpu::parse_cpulist(&std::env::var(pagewise_dlm::PROGRAM_CPUS_ENV).unwrap()).unwrap();
+    let program: BTreeSet<usize> = cpu::parse_cpulist(&std::env::var(pagewise_dlm::PROGRAM_CPUS_ENV).unwrap()).unwrap();
     let one = *program.iter().next_back().unwrap();
     cpu::pin_to(one).unwrap();
     let _d = dlm(true);
     assert_eq!(cpu::affinity(0).unwrap(), program, "a one-CPU mask inherited from a pinned parent is widened");
 }
 
-/// The scenarios, by the name `DLM_SCENARIO` gives them.
-const SCENARIOS: &[(&str, fn())] = &[
-    ("pins", pins_and_gives_back),
-    ("off", off_leaves_masks_alone),
-    ("widen", inherited_mask_is_widened),
-];
+/// The scenarios, by the name `DLM_SCENARIO` gives them: only a program with one thread is
+/// pinned (`common::Scenarios`).
+const SCENARIOS: common::Scenarios =
+    &[("pins", pins_and_gives_back), ("off", off_leaves_masks_alone), ("widen", inherited_mask_is_widened)];
 
-/// A program with one thread is what gets pinned; the test harness has more. So a scenario
-/// runs in this test binary started again with `DLM_SCENARIO` set: this function, run by the
-/// loader before `main` (before libtest starts any thread), runs it there and exits.
 #[used]
 #[link_section = ".init_array"]
 static SCENARIO_BEFORE_MAIN: extern "C" fn() = scenario_before_main;
 
 extern "C" fn scenario_before_main() {
-    use std::io::Write;
-    let Some(name) = std::env::var_os("DLM_SCENARIO") else { return };
-    let Some(&(_, scenario)) = SCENARIOS.iter().find(|(n, _)| std::ffi::OsStr::new(n) == name) else {
-        eprintln!("unknown scenario {name:?}");
-        std::process::exit(2);
-    };
-    let ok = std::panic::catch_unwind(scenario).is_ok();
-    if ok {
-        println!("SCENARIO-OK");
-    }
-    let _ = std::io::stdout().flush();
-    std::process::exit(if ok { 0 } else { 1 });
+    common::scenario_before_main(SCENARIOS);
 }
 
 fn run(scenario: &str) {
-    let server = common::ServerProc::start("64M");
     let all = cpu::format_cpulist(&cpu::affinity(0).unwrap());
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .env("DLM_SCENARIO", scenario)
-        .env("DLM_TEST_SERVER", &server.addr)
-        .env(pagewise_dlm::PROGRAM_CPUS_ENV, all)
-        .env(pagewise_dlm::auth::SECRET_ENV, common::secret().as_env_value())
-        .output()
-        .unwrap();
-    let so = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && so.contains("SCENARIO-OK"),
-        "scenario {scenario}: {so}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::run_scenario(scenario, &[(pagewise_dlm::PROGRAM_CPUS_ENV, all)]);
 }
 
 #[test]

@@ -146,6 +146,49 @@ pub fn run_child(name: &str, env: &[(&str, String)]) -> Output {
     cmd.output().expect("running the child")
 }
 
+/// Scenarios that need a process with one thread (the runtime receives into the program's view
+/// and hashes, or pins the program, only then): not a test of the harness, which has two
+/// threads. Each runs in the test binary started again with `DLM_SCENARIO` naming it, before
+/// `main` (before libtest starts any thread), from an `.init_array` entry of the test file
+/// calling [`scenario_before_main`]. (A fork of the harness would have one thread too, but
+/// after fork(2) in a threaded process only async-signal-safe work is allowed: `kernel::fork`.)
+pub type Scenarios = &'static [(&'static str, fn())];
+
+/// Run the scenario `DLM_SCENARIO` names, if it is set, and exit: SCENARIO-OK on stdout and
+/// status 0 when it returns, status 1 when it panics.
+pub fn scenario_before_main(scenarios: Scenarios) {
+    let Some(name) = std::env::var_os("DLM_SCENARIO") else { return };
+    let Some(&(_, scenario)) = scenarios.iter().find(|(n, _)| std::ffi::OsStr::new(n) == name) else {
+        eprintln!("unknown scenario {name:?}");
+        std::process::exit(2);
+    };
+    let ok = std::panic::catch_unwind(scenario).is_ok();
+    if ok {
+        println!("SCENARIO-OK");
+    }
+    let _ = std::io::stdout().flush();
+    std::process::exit(if ok { 0 } else { 1 });
+}
+
+/// Start a memory server (64 MiB) and run `scenario` in this test binary started again
+/// ([`scenario_before_main`]), with the server's address in `DLM_TEST_SERVER` and `env`;
+/// panics with its output unless it said SCENARIO-OK.
+pub fn run_scenario(scenario: &str, env: &[(&str, String)]) {
+    let server = ServerProc::start("64M");
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.env("DLM_SCENARIO", scenario).env("DLM_TEST_SERVER", &server.addr).env(SECRET_ENV, secret().as_env_value());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let so = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && so.contains("SCENARIO-OK"),
+        "scenario {scenario}: {so}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 pub fn in_child() -> bool {
     std::env::var_os("DLM_CHILD").is_some()
 }
