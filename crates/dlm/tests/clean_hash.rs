@@ -136,20 +136,12 @@ fn stores_survive_eviction_with_a_second_thread() {
     dlm.audit().unwrap();
 }
 
-/// The scenarios, by the name `DLM_SCENARIO` gives them: the runtime receives into the
-/// program's view, and hashes, only in a program with one thread (`common::Scenarios`).
-const SCENARIOS: common::Scenarios = &[
-    ("found", stores_to_hashed_units_are_found),
-    ("arming", stores_survive_arming),
-    ("second-thread", stores_survive_eviction_with_a_second_thread),
-];
-
-#[used]
-#[link_section = ".init_array"]
-static SCENARIO_BEFORE_MAIN: extern "C" fn() = scenario_before_main;
-
-extern "C" fn scenario_before_main() {
-    common::scenario_before_main(SCENARIOS);
+// The scenarios, by the name `DLM_SCENARIO` gives them: the runtime receives into the
+// program's view, and hashes, only in a program with one thread (`common::Scenarios`).
+scenarios! {
+    "found" => stores_to_hashed_units_are_found,
+    "arming" => stores_survive_arming,
+    "second-thread" => stores_survive_eviction_with_a_second_thread,
 }
 
 fn run(scenario: &str) {

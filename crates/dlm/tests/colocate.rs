@@ -127,17 +127,12 @@ fn inherited_mask_is_widened() {
     assert_eq!(cpu::affinity(0).unwrap(), program, "a one-CPU mask inherited from a pinned parent is widened");
 }
 
-/// The scenarios, by the name `DLM_SCENARIO` gives them: only a program with one thread is
-/// pinned (`common::Scenarios`).
-const SCENARIOS: common::Scenarios =
-    &[("pins", pins_and_gives_back), ("off", off_leaves_masks_alone), ("widen", inherited_mask_is_widened)];
-
-#[used]
-#[link_section = ".init_array"]
-static SCENARIO_BEFORE_MAIN: extern "C" fn() = scenario_before_main;
-
-extern "C" fn scenario_before_main() {
-    common::scenario_before_main(SCENARIOS);
+// The scenarios, by the name `DLM_SCENARIO` gives them: only a program with one thread is
+// pinned (`common::Scenarios`).
+scenarios! {
+    "pins" => pins_and_gives_back,
+    "off" => off_leaves_masks_alone,
+    "widen" => inherited_mask_is_widened,
 }
 
 fn run(scenario: &str) {

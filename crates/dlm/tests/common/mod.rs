@@ -154,6 +154,23 @@ pub fn run_child(name: &str, env: &[(&str, String)]) -> Output {
 /// after fork(2) in a threaded process only async-signal-safe work is allowed: `kernel::fork`.)
 pub type Scenarios = &'static [(&'static str, fn())];
 
+/// Declare a test file's [`Scenarios`] and the `.init_array` entry that runs the one
+/// `DLM_SCENARIO` names before `main` ([`scenario_before_main`]).
+#[macro_export]
+macro_rules! scenarios {
+    ($($name:literal => $f:expr),* $(,)?) => {
+        const SCENARIOS: common::Scenarios = &[$(($name, $f)),*];
+
+        #[used]
+        #[link_section = ".init_array"]
+        static SCENARIO_BEFORE_MAIN: extern "C" fn() = scenario_before_main;
+
+        extern "C" fn scenario_before_main() {
+            common::scenario_before_main(SCENARIOS);
+        }
+    };
+}
+
 /// Run the scenario `DLM_SCENARIO` names, if it is set, and exit: SCENARIO-OK on stdout and
 /// status 0 when it returns, status 1 when it panics.
 pub fn scenario_before_main(scenarios: Scenarios) {
