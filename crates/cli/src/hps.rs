@@ -99,7 +99,6 @@ fn run_program(
     interval_ms: u32,
     program: &[String],
 ) -> anyhow::Result<ExitCode> {
-    use std::os::unix::process::ExitStatusExt;
     let min = pagewise_dlm::parse_size(min_alloc)?;
     anyhow::ensure!(min >= 4096, "--min-alloc {min_alloc} is below one page (4K)");
     anyhow::ensure!(
@@ -125,15 +124,8 @@ fn run_program(
         .env("PAGEWISE_HPS_LOG", "1")
         .spawn()
         .with_context(|| format!("starting {}", program[0]))?;
-    let status = child.wait().with_context(|| format!("waiting for {}", program[0]))?;
+    let status = crate::foreground::wait(&mut child, &program[0])?;
     // A program killed before its tracker stopped leaves its published counts behind.
     report::unpublish(child.id() as i32);
-    Ok(match (status.code(), status.signal()) {
-        (Some(c), _) => ExitCode::from(c as u8),
-        (None, Some(sig)) => {
-            eprintln!("pagewise hps run: {} was killed by signal {sig}", program[0]);
-            ExitCode::from(128u8.wrapping_add(sig as u8))
-        }
-        _ => ExitCode::FAILURE,
-    })
+    Ok(crate::foreground::exit_code(status, "pagewise hps run", &program[0]))
 }

@@ -8,6 +8,7 @@ mod dlm_server;
 mod doctor;
 mod eval;
 mod features;
+mod foreground;
 mod generate;
 mod hps;
 mod mpi;

@@ -225,11 +225,15 @@ fn rank0(me: Me, a: &Args) -> Result<ExitCode> {
         })
     };
     let mut child = program.spawn()?;
+    // The launcher's SIGTERM ends the program (which then ends its rank); a terminal's
+    // Ctrl-C reaches the program itself (`foreground`).
+    let foreground = crate::foreground::Foreground::new(child.id())?;
     let redundancy = a.dlm.redundancy()?;
     let mut gone: Vec<u32> = Vec::new();
     let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
+        if pagewise_kernel::signal::child_ended(child.id(), false)? {
+            drop(foreground);
+            break child.wait()?;
         }
         for (info, addr, link) in servers.iter_mut() {
             if gone.contains(&link.rank) {
@@ -252,6 +256,7 @@ fn rank0(me: Me, a: &Args) -> Result<ExitCode> {
                      ending {} and the job.",
                     link.rank, info.host, a.program[0]
                 );
+                drop(foreground);
                 end_program(&mut child);
                 return Ok(ExitCode::from(1));
             }

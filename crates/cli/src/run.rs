@@ -4,7 +4,6 @@
 //! the page-size tuner's decisions.
 
 use std::io::Write;
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Duration;
@@ -225,14 +224,14 @@ impl DlmProgram {
         if let Some(d) = &self.decisions {
             print_decisions(d, self.decisions_ours, who);
         }
-        match (status.code(), status.signal()) {
-            (Some(c), _) => ExitCode::from(c as u8),
-            (None, Some(sig)) => {
-                eprintln!("{who}: {} was killed by signal {sig}", self.name);
-                ExitCode::from(128u8.wrapping_add(sig as u8))
-            }
-            _ => ExitCode::FAILURE,
-        }
+        crate::foreground::exit_code(status, who, &self.name)
+    }
+
+    /// Start the program and wait for it as the wrapper's foreground job
+    /// ([`crate::foreground`]): the wrapper cleans up after it however it ends.
+    pub(crate) fn run(&mut self) -> Result<std::process::ExitStatus> {
+        let mut child = self.spawn()?;
+        crate::foreground::wait(&mut child, &self.name)
     }
 }
 
@@ -339,7 +338,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if let Some(secret) = &run_secret {
         program.command().env(SECRET_ENV, secret.as_env_value());
     }
-    let status = program.command().status().with_context(|| format!("starting {}", a.program[0]))?;
+    let status = program.run()?;
     for p in spawned {
         let _ = p.stop();
     }

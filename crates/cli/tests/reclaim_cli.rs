@@ -10,11 +10,12 @@ use pagewise_kernel::SettingsGuard;
 const PAGEWISE: &str = env!("CARGO_BIN_EXE_pagewise");
 
 /// A config file in a private directory of its own (kept: the test process ends soon).
-fn config_file(tag: &str, text: &str) -> std::path::PathBuf {
-    let dir = pagewise_kernel::private_dir::PrivateDir::new(&format!("cli-{tag}")).unwrap().keep();
+/// `text` as reclaimd.toml in a private directory, removed when the first is dropped.
+fn config_file(tag: &str, text: &str) -> (pagewise_kernel::private_dir::PrivateDir, std::path::PathBuf) {
+    let dir = pagewise_kernel::private_dir::PrivateDir::new(&format!("cli-{tag}")).unwrap();
     let p = dir.join("reclaimd.toml");
     std::fs::write(&p, text).unwrap();
-    p
+    (dir, p)
 }
 
 #[test]
@@ -26,7 +27,7 @@ fn bad_config_is_refused_naming_the_key() {
         ("[roles]\nreclaim = \"0\"\nintervall_ms = 3\n", "intervall_ms"),
     ];
     for (i, (text, key)) in cases.iter().enumerate() {
-        let path = config_file(&format!("bad{i}"), text);
+        let (_dir, path) = config_file(&format!("bad{i}"), text);
         for args in [vec!["reclaimd", "--config"], vec!["reclaim", "show", "--config"]] {
             let out = Command::new(PAGEWISE).args(&args).arg(&path).output().unwrap();
             let err = String::from_utf8_lossy(&out.stderr);
@@ -39,7 +40,7 @@ fn bad_config_is_refused_naming_the_key() {
 
 #[test]
 fn show_prints_the_papers_semantics() {
-    let path = config_file(
+    let (_dir, path) = config_file(
         "show",
         "[roles]\nprotect = \"1\"\nreclaim = \"0\"\n[cores.\"0\"]\nmin_free_kbytes = 12288\npages_low_ratio = 240\npages_high_ratio = 400\n",
     );
@@ -78,7 +79,7 @@ fn a_killed_daemon_leaves_the_system_as_it_found_it() {
     cg.set_limit(Some(64 << 20)).unwrap();
     let before = read_vm_sysctl("vfs_cache_pressure").unwrap();
     let changed = if before == "77" { "78" } else { "77" };
-    let path = config_file(
+    let (_dir, path) = config_file(
         "kill",
         &format!(
             "scope = \"cgroup\"\ncgroup = \"{}\"\ntree = false\n[roles]\nreclaim = \"0\"\n[split]\nvfs_cache_pressure = {changed}\n",
@@ -121,7 +122,7 @@ fn set_and_show_go_through_the_running_daemons_tree() {
     let guard = SettingsGuard::new_without_signal_handler();
     let cg = MemCgroup::create(&guard, &format!("cli-set-{}", std::process::id())).unwrap();
     cg.set_limit(Some(64 << 20)).unwrap();
-    let path = config_file(
+    let (_dir, path) = config_file(
         "set",
         &format!(
             "scope = \"cgroup\"\ncgroup = \"{}\"\n[roles]\nprotect = \"1\"\nreclaim = \"0\"\n",

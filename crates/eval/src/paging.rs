@@ -113,8 +113,7 @@ pub fn run_with_budget(
     };
     let wall = t.elapsed().as_secs_f64();
     if status.is_none() {
-        // The leader is not reaped yet, so its pid (the group's id) cannot have been reused.
-        let _ = pagewise_kernel::signal::kill_process_group(pgid, libc::SIGKILL);
+        crate::programs::stop_group(pgid)?;
         child.wait()?;
     }
     let (stdout, stderr) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());

@@ -53,6 +53,27 @@ pub fn kill_process_group(pgid: i32, sig: i32) -> Result<()> {
     Ok(())
 }
 
+/// Whether child `pid` has ended, without reaping it (waitid(2) with `WNOWAIT`): its id stays
+/// its own until the caller reaps it, so a signal sent to it meanwhile cannot reach another
+/// process that took the number over. `block`: wait until it ends (retried on EINTR).
+pub fn child_ended(pid: u32, block: bool) -> Result<bool> {
+    let options = libc::WEXITED | libc::WNOWAIT | if block { 0 } else { libc::WNOHANG };
+    loop {
+        // SAFETY: zeroed siginfo_t is a valid out-parameter; waitid writes only into it.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: info is a valid, writable siginfo_t.
+        if unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, options) } == 0 {
+            // WNOHANG with no change leaves si_pid 0 (waitid(2)).
+            // SAFETY: waitid filled info (or left it zeroed).
+            return Ok(unsafe { info.si_pid() } != 0);
+        }
+        let err = Error::last_os("waitid");
+        if err.errno() != Some(libc::EINTR) {
+            return Err(err);
+        }
+    }
+}
+
 /// The id of this process.
 pub fn getpid() -> i32 {
     std::process::id() as i32
@@ -340,6 +361,16 @@ pub fn process_alive(pid: i32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn child_ended_sees_the_end_without_reaping() {
+        let mut child = std::process::Command::new("sleep").arg("0.2").spawn().unwrap();
+        assert!(!child_ended(child.id(), false).unwrap(), "sleep 0.2 is still running");
+        assert!(child_ended(child.id(), true).unwrap());
+        assert!(child_ended(child.id(), false).unwrap(), "still there to reap: not reaped");
+        assert!(child.wait().unwrap().success());
+        assert!(child_ended(child.id(), false).is_err(), "reaped: no such child (ECHILD)");
+    }
 
     // Different bodies, so the optimiser cannot fold them into one address.
     static LAST: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);

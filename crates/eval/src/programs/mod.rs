@@ -287,10 +287,28 @@ impl Outcome {
 const HEAD: usize = 256 << 10;
 /// How often [`run`] checks the child and calls its tick.
 pub const TICK: Duration = Duration::from_millis(10);
+/// How long a run stopped at its budget has, after SIGTERM, before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// Stop the process group of child `leader`, which is not reaped yet (so neither id can have
+/// been reused): SIGTERM to the leader first — a wrapper (`pagewise run`) passes it on to its
+/// program and cleans up after it (its private directory, its servers) — then, after a grace
+/// period, SIGKILL to whatever of the group is left. The caller reaps the leader.
+pub(crate) fn stop_group(leader: i32) -> anyhow::Result<()> {
+    // SAFETY: kill(2) takes no pointers.
+    unsafe { libc::kill(leader, libc::SIGTERM) };
+    let grace = Instant::now() + STOP_GRACE;
+    while Instant::now() < grace && !pagewise_kernel::signal::child_ended(leader as u32, false)? {
+        std::thread::sleep(TICK);
+    }
+    let _ = pagewise_kernel::signal::kill_process_group(leader, libc::SIGKILL);
+    Ok(())
+}
 
 /// Run `cmd` in its own process group (a stop reaches what it started: servers, children),
-/// SIGKILLed if this process dies; wait at most `budget`, calling `tick` every [`TICK`]
-/// (a failing tick stops the run and is returned). stdin is /dev/null.
+/// SIGKILLed if this process dies; wait at most `budget` (then SIGTERM, and SIGKILL after a
+/// grace period), calling `tick` every [`TICK`] (a failing tick stops the run and is
+/// returned). stdin is /dev/null.
 pub fn run(
     mut cmd: Command,
     budget: Duration,
@@ -354,8 +372,7 @@ pub fn run(
     let (status, max_rss) = match reaped {
         Some((raw, rss)) => (Some(ExitStatus::from_raw(raw)), rss),
         None => {
-            // Not reaped yet, so the group id cannot have been reused.
-            let _ = pagewise_kernel::signal::kill_process_group(pid, libc::SIGKILL);
+            stop_group(pid)?;
             let (_, rss) = wait4_blocking(pid)?;
             (None, rss)
         }
