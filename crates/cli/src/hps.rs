@@ -51,6 +51,12 @@ enum Command {
         /// Tracking period while there is work, in milliseconds.
         #[arg(long, default_value_t = 20)]
         interval_ms: u32,
+        /// Let the program's thread and the tracker's fault handler run where the scheduler puts
+        /// them. By default, while the program has one thread, the handler pins that thread and
+        /// itself to one CPU, and gives the masks back when the program starts more threads: each
+        /// tracking fault's two wake-ups then stay on one CPU.
+        #[arg(long)]
+        no_colocate: bool,
         /// The program and its arguments.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         program: Vec<String>,
@@ -59,8 +65,8 @@ enum Command {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
-        Command::Run { min_alloc, promote_fraction, interval_ms, program } => {
-            run_program(&min_alloc, promote_fraction, interval_ms, &program)
+        Command::Run { min_alloc, promote_fraction, interval_ms, no_colocate, program } => {
+            run_program(&min_alloc, promote_fraction, interval_ms, !no_colocate, &program)
         }
         Command::Report { pid, active_only } => {
             anyhow::ensure!(pid > 0, "--pid must be a positive process id");
@@ -97,6 +103,7 @@ fn run_program(
     min_alloc: &str,
     promote_fraction: f64,
     interval_ms: u32,
+    colocate: bool,
     program: &[String],
 ) -> anyhow::Result<ExitCode> {
     let min = pagewise_dlm::parse_size(min_alloc)?;
@@ -112,7 +119,12 @@ fn run_program(
         Ok(v) if !v.is_empty() => format!("{}:{v}", shim.path.display()),
         _ => shim.path.display().to_string(),
     };
-    let mut child = std::process::Command::new(&program[0])
+    let mut cmd = std::process::Command::new(&program[0]);
+    // What a process the pinned program starts gets back (`pagewise_kernel::colocate`).
+    if let Ok(cpus) = pagewise_kernel::cpu::affinity(0) {
+        cmd.env(pagewise_kernel::colocate::PROGRAM_CPUS_ENV, pagewise_kernel::cpu::format_cpulist(&cpus));
+    }
+    let mut child = cmd
         .args(&program[1..])
         .env("LD_PRELOAD", preload)
         .env("PAGEWISE_PRELOAD_ARENA", "hps")
@@ -122,6 +134,7 @@ fn run_program(
         .env("PAGEWISE_HPS_PROMOTE_FRACTION", promote_fraction.to_string())
         .env("PAGEWISE_HPS_INTERVAL_MS", interval_ms.to_string())
         .env("PAGEWISE_HPS_LOG", "1")
+        .env("PAGEWISE_HPS_COLOCATE", if colocate { "1" } else { "0" })
         .spawn()
         .with_context(|| format!("starting {}", program[0]))?;
     let status = crate::foreground::wait(&mut child, &program[0])?;

@@ -18,6 +18,16 @@ use common::{compile, ensure_libpagewise, pagewise, tempdir};
 /// --min-alloc 1M` with `hps_args`: (direct output, output under HPS, its stderr), or None when
 /// HPS cannot start on this machine (the skip is recorded).
 fn direct_and_under_hps(name: &str, direct_args: &[&str], hps_args: &[&str]) -> Option<(Output, Output, String)> {
+    direct_and_under_hps_with(name, &[], direct_args, hps_args)
+}
+
+/// As [`direct_and_under_hps`], with `flags` for `pagewise hps run` too.
+fn direct_and_under_hps_with(
+    name: &str,
+    flags: &[&str],
+    direct_args: &[&str],
+    hps_args: &[&str],
+) -> Option<(Output, Output, String)> {
     ensure_libpagewise();
     let scratch = tempdir(&format!("hps-{name}"));
     let dir = scratch.path();
@@ -25,7 +35,9 @@ fn direct_and_under_hps(name: &str, direct_args: &[&str], hps_args: &[&str]) -> 
     let direct = Command::new(&prog).args(direct_args).output().unwrap();
     assert!(direct.status.success(), "{name} on its own: {direct:?}");
     let run = Command::new(pagewise())
-        .args(["hps", "run", "--min-alloc", "1M", "--"])
+        .args(["hps", "run", "--min-alloc", "1M"])
+        .args(flags)
+        .arg("--")
         .arg(&prog)
         .args(hps_args)
         .output()
@@ -56,18 +68,46 @@ fn shmem_pmd_kb(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-#[test]
-fn hot_array_gives_the_same_checksum_and_gets_hugepages() {
-    let Some((direct, run, err)) = direct_and_under_hps("hot_array", &["0"], &["60"]) else { return };
+/// The hot_array program under `pagewise hps run FLAGS`: same checksum, a promoted region;
+/// returns the CPUs the program could run on once it saw the hugepage.
+fn hot_array_under_hps(flags: &[&str]) -> Option<String> {
+    let (direct, run, err) = direct_and_under_hps_with("hot_array", flags, &["0"], &["60"])?;
     assert!(direct.stdout.starts_with(b"checksum "));
     assert_eq!(String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&direct.stdout), "{err}");
     assert!(err.contains("pagewise: 1 allocation(s) on hps memory"), "the array was not routed:\n{err}");
-    let pmd = err
+    let (pmd, cpus) = err
         .lines()
-        .find_map(|l| l.strip_prefix("hot_array: ShmemPmdMapped ")?.strip_suffix(" kB")?.parse::<u64>().ok())
+        .find_map(|l| {
+            let (pmd, cpus) = l.strip_prefix("hot_array: ShmemPmdMapped ")?.split_once(" kB, CPUs ")?;
+            Some((pmd.parse::<u64>().ok()?, cpus.to_string()))
+        })
         .unwrap_or_else(|| panic!("no ShmemPmdMapped line:\n{err}"));
     assert!(pmd >= 2048, "no region of the array was promoted within 60 s:\n{err}");
     assert!(promoted(&err).unwrap_or(0) >= 1, "the shim reports no promotion:\n{err}");
+    Some(cpus)
+}
+
+#[test]
+fn hot_array_gives_the_same_checksum_and_gets_hugepages() {
+    hot_array_under_hps(&[]);
+}
+
+/// The tracker's handler keeps the program's one thread company: pinned together to one CPU
+/// while it tracks (the program saw a one-CPU mask), not with `--no-colocate` (the program
+/// kept this test's mask).
+#[test]
+fn the_tracker_handler_pins_a_one_thread_program_unless_told_not_to() {
+    let mine = pagewise_kernel::cpu::affinity(0).unwrap();
+    if mine.len() < 2 {
+        pagewise_kernel::testing::skip("co-location needs two CPUs in this test's mask");
+        return;
+    }
+    let Some(pinned) = hot_array_under_hps(&[]) else { return };
+    let pinned = pagewise_kernel::cpu::parse_cpulist(&pinned).unwrap();
+    assert_eq!(pinned.len(), 1, "pinned to one CPU: {pinned:?}");
+    assert!(pinned.is_subset(&mine), "{pinned:?} within {mine:?}");
+    let Some(free) = hot_array_under_hps(&["--no-colocate"]) else { return };
+    assert_eq!(pagewise_kernel::cpu::parse_cpulist(&free).unwrap(), mine, "--no-colocate leaves the mask alone");
 }
 
 /// Tracking stops once placement converged and comes back when the hot set moves: the program

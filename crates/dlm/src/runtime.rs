@@ -117,9 +117,9 @@ use std::thread::JoinHandle;
 use pagewise_kernel::mem::Mapping;
 use pagewise_kernel::uffd::{feature, Uffd, UffdBuilder};
 
+pub use pagewise_kernel::colocate::PROGRAM_CPUS_ENV;
+
 mod area;
-mod colocate;
-pub use colocate::PROGRAM_CPUS_ENV;
 mod evict;
 mod fault;
 mod frames;
@@ -417,7 +417,7 @@ impl Dlm {
 
     fn start(cfg: Config) -> Result<Dlm, DlmError> {
         if cfg.colocate {
-            colocate::widen_inherited_mask();
+            pagewise_kernel::colocate::widen_inherited_mask();
         }
         // Areas are anonymous memory with a shadow when the kernel has UFFDIO_MOVE (armed
         // units wait in the shadow). They are memfd-backed — shmem userfaultfd (MISSING, MINOR

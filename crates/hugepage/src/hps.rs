@@ -64,6 +64,11 @@ pub struct HpsConfig {
     pub probe_pages: usize,
     /// Print tracking state changes on stderr (`pagewise hps run`).
     pub log_state: bool,
+    /// Under the handler thread: while the program has one thread, keep the handler on its CPU
+    /// (`pagewise_kernel::colocate`; `pagewise hps run`). Off by default: it sets the
+    /// affinity of the application's thread, which an application embedding HPS may manage
+    /// itself.
+    pub colocate: bool,
 }
 
 impl Default for HpsConfig {
@@ -83,6 +88,7 @@ impl Default for HpsConfig {
             converge: None,
             probe_pages: 8,
             log_state: false,
+            colocate: false,
         }
     }
 }
@@ -205,8 +211,11 @@ impl Hps {
         };
         let notify = cfg.notify;
         let conv = cfg.converge.map(Convergence::new);
+        // The runtime's threads besides the program's: the tracking thread, the service
+        // thread (with Notify::Handler) and the tracker's handler thread.
+        let own_threads = 2 + u32::from(notify == Notify::Handler);
         let tracker = match cfg.delivery {
-            Some(d) => MinorTracker::with_delivery(d)?,
+            Some(d) => MinorTracker::with_options(d, cfg.colocate.then_some(own_threads))?,
             None => MinorTracker::new()?,
         };
         let shared = Arc::new(Shared {

@@ -12,6 +12,7 @@
 //!   (`fixtures/<file>-<kernel>.txt`).
 
 pub mod cgroup;
+pub mod colocate;
 pub mod cpu;
 pub mod error;
 pub mod fd;

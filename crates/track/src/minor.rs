@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use pagewise_kernel::colocate::Colocation;
 use pagewise_kernel::mem::{self, Advice};
 use pagewise_kernel::signal::WhileHandling;
 use pagewise_kernel::uffd::{self, feature, Event, RegisterMode, Uffd, UffdBuilder};
@@ -300,6 +301,14 @@ impl MinorTracker {
 
     /// Open a userfaultfd with MINOR_SHMEM and start hearing faults by `delivery`.
     pub fn with_delivery(delivery: Delivery) -> Result<Self> {
+        Self::with_options(delivery, None)
+    }
+
+    /// As [`MinorTracker::with_delivery`]; with `colocate: Some(n)` (the handler thread's
+    /// runtime has `n` threads in all, the handler among them) the handler thread keeps the
+    /// program's one thread company on one CPU ([`pagewise_kernel::colocate`]): each fault
+    /// then costs no cross-CPU wake-up.
+    pub fn with_options(delivery: Delivery, colocate: Option<u32>) -> Result<Self> {
         let mut features = feature::MINOR_SHMEM;
         if delivery == Delivery::Sigbus {
             if SIGBUS_OWNED.swap(true, Ordering::AcqRel) {
@@ -309,7 +318,9 @@ impl MinorTracker {
             }
             features |= feature::SIGBUS;
         }
-        let uffd = match UffdBuilder::new().require(features).nonblocking(true).open() {
+        // Which thread faulted, for co-location (Linux 4.14; without it there is none).
+        let wanted = if colocate.is_some() { feature::THREAD_ID } else { 0 };
+        let uffd = match UffdBuilder::new().require(features).want(wanted).nonblocking(true).open() {
             Ok(u) => u,
             Err(e) => {
                 if delivery == Delivery::Sigbus {
@@ -351,7 +362,7 @@ impl MinorTracker {
             Some(
                 pagewise_kernel::signal::spawn_blocking_signals(
                     std::thread::Builder::new().name("pw-track-uffd".into()),
-                    move || serve(&worker),
+                    move || serve(&worker, colocate),
                 )
                 .map_err(|e| Error::Io { path: "thread spawn".into(), source: e })?,
             )
@@ -563,12 +574,20 @@ fn retire_slot(start: usize) {
     }
 }
 
-fn serve(inner: &Inner) {
+fn serve(inner: &Inner, colocate: Option<u32>) {
+    let mut colocation = colocate.and_then(Colocation::new);
     while !inner.stop.load(Ordering::Acquire) {
-        // A 50 ms timeout lets the loop see `stop`.
-        match pagewise_kernel::fd::poll_readable(&inner.uffd, Duration::from_millis(50)) {
+        // A 50 ms timeout lets the loop see `stop`; while pinned, threads the program starts
+        // share its one CPU until the next check: check often.
+        let wait = if colocation.as_ref().is_some_and(Colocation::is_pinned) { 10 } else { 50 };
+        match pagewise_kernel::fd::poll_readable(&inner.uffd, Duration::from_millis(wait)) {
             Ok(true) => {}
-            Ok(false) => continue,
+            Ok(false) => {
+                if let Some(c) = &mut colocation {
+                    c.check(None);
+                }
+                continue;
+            }
             // Not expected for an open userfaultfd; wait out the period rather than spin.
             Err(_) => {
                 std::thread::sleep(Duration::from_millis(50));
@@ -577,7 +596,10 @@ fn serve(inner: &Inner) {
         }
         loop {
             match inner.uffd.read_event() {
-                Ok(Some(Event::Pagefault { addr, .. })) => {
+                Ok(Some(Event::Pagefault { addr, thread_id, .. })) => {
+                    if let (Some(c), true) = (&mut colocation, thread_id != 0) {
+                        c.check(Some(thread_id));
+                    }
                     let page = addr & !(PAGE - 1);
                     if let Some(r) = inner.ranges.read().expect("ranges lock").iter().find(|r| r.contains(page)) {
                         r.record_fault(page);
@@ -594,6 +616,9 @@ fn serve(inner: &Inner) {
             }
         }
         inner.handler_cpu_ns.store(pagewise_kernel::signal::thread_cpu_time().as_nanos() as u64, Ordering::Relaxed);
+    }
+    if let Some(c) = &mut colocation {
+        c.release();
     }
 }
 

@@ -1,7 +1,8 @@
 /* A large malloc'd array whose first eighth is worked on hard: prints a checksum of a fixed
  * number of passes. With a WAIT_SECONDS argument > 0 it then keeps working the hot part (the
  * output does not change) until its memory shows a PMD-mapped hugepage of shared memory
- * (/proc/self/smaps_rollup ShmemPmdMapped: HPS promoted a region) or WAIT_SECONDS pass. */
+ * (/proc/self/smaps_rollup ShmemPmdMapped: HPS promoted a region) or WAIT_SECONDS pass, and
+ * says so with the CPUs it may run on at that moment (/proc/self/status Cpus_allowed_list). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,18 @@ static long shmem_pmd_kb(void) {
             break;
     fclose(f);
     return kb;
+}
+
+static void cpus_allowed(char *out, size_t len) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    snprintf(out, len, "?");
+    if (!f)
+        return;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "Cpus_allowed_list: %63s", out) == 1)
+            break;
+    fclose(f);
 }
 
 static uint64_t pass(uint8_t *a, uint64_t seed) {
@@ -53,8 +66,11 @@ int main(int argc, char **argv) {
     while (wait > 0 && time(NULL) < end && (pmd = shmem_pmd_kb()) == 0)
         for (int k = 0; k < 20; k++)
             (void)pass(a, k);
-    if (wait > 0)
-        fprintf(stderr, "hot_array: ShmemPmdMapped %ld kB\n", pmd);
+    if (wait > 0) {
+        char cpus[64];
+        cpus_allowed(cpus, sizeof cpus);
+        fprintf(stderr, "hot_array: ShmemPmdMapped %ld kB, CPUs %s\n", pmd, cpus);
+    }
     free(a);
     return 0;
 }

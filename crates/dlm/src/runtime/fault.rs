@@ -5,17 +5,17 @@
 
 use std::sync::atomic::Ordering;
 
+use pagewise_kernel::colocate::Colocation;
 use pagewise_kernel::mem::{mprotect, Protection};
 use pagewise_kernel::uffd::Event;
 
-use super::colocate::Colocation;
 use super::{Access, Inner, State, DETACHED, GONE, INFLIGHT, MAX_PENDING, NONE};
 use crate::config::FaultMode;
 
 pub(super) fn handler_thread(inner: &Inner) {
     let uffd = inner.uffd.as_ref().expect("handler mode has a uffd");
     let fd = std::os::fd::AsRawFd::as_raw_fd(uffd);
-    let mut colocation = if inner.cfg.colocate { Colocation::new() } else { None };
+    let mut colocation = if inner.cfg.colocate { Colocation::new(1) } else { None };
     while !inner.stop.load(Ordering::Acquire) {
         // While pinned, threads the program starts share its one CPU until the next check:
         // check often.

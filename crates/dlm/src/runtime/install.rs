@@ -150,7 +150,12 @@ impl Inner {
             .and_then(|()| if writable { Ok(()) } else { uffd.write_protect(dst, len, true, true) })
             .and_then(|()| uffd.wake(dst, len));
         if let Err(err) = r {
-            crate::fatal(format_args!("pagewise dlm: installing {dst:#x}+{len:#x} failed: {err}"));
+            crate::fatal(format_args!(
+                "pagewise dlm: installing {dst:#x}+{len:#x} failed: {err} (pages present: {} in the program's view, \
+                 {} in the shadow at {src:#x})",
+                present_pages(dst, len),
+                present_pages(src, len)
+            ));
         }
     }
 
@@ -414,6 +419,16 @@ pub(super) enum ReceiveAt {
     Ready(usize),
     /// The pages are to be made to exist there while the request travels.
     Fill(usize),
+}
+
+/// Which base pages of `[addr, addr + len)` are present (mincore(2)), as a bitmap of `1`s and
+/// `.`s: what a failed move found where it moved from and to.
+fn present_pages(addr: usize, len: usize) -> String {
+    let mut v = vec![0u8; len.div_ceil(pagewise_kernel::mem::page_size())];
+    match pagewise_kernel::mem::mincore(addr, len, &mut v) {
+        Ok(()) => v.iter().map(|&p| if p & 1 != 0 { '1' } else { '.' }).collect(),
+        Err(e) => format!("unknown ({e})"),
+    }
 }
 
 /// Whether `[addr, addr + len)` overlaps any of `ranges`.

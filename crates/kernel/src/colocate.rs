@@ -1,6 +1,8 @@
-//! The fault handler kept on the program's CPU while the program has one thread.
+//! A userfaultfd handler thread kept on the program's CPU while the program has one thread:
+//! DLM's fault handler (crates/dlm, runtime/fault.rs) and HPS's tracking handler
+//! (crates/track, minor.rs).
 //!
-//! Under the handler thread a fault crosses threads twice: the faulting thread wakes the
+//! Under a handler thread a fault crosses threads twice: the faulting thread wakes the
 //! handler, the handler wakes it back once the unit is in. On different CPUs each wake-up is
 //! an interrupt to the other CPU — on a VM, often a halted vCPU the host must wake — and every
 //! page the handler moves or drops sends its TLB flush there too. The scheduler does not put
@@ -17,22 +19,23 @@
 //! one thread is another. Threads started while pinned inherit the one-CPU mask and get the
 //! program's mask back at the same time. A child made by fork(2) gets it back at once
 //! (`restore_in_child`); a program exec'd by a pinned process gets it back when its own
-//! runtime starts (`PROGRAM_CPUS_ENV`, which `pagewise run` sets). The decision is `step`,
-//! pure; the rest carries it out.
+//! runtime starts (`PROGRAM_CPUS_ENV`, which `pagewise run` and `pagewise hps run` set). The
+//! decision is `step`, pure; the rest carries it out.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use pagewise_kernel::cpu;
-use pagewise_kernel::procfs::ThreadCount;
+use crate::cpu;
+use crate::procfs::ThreadCount;
 
-/// The CPUs the program was started with (a cpulist), set by `pagewise run`: a process that
-/// inherited a one-CPU mask from a pinned parent gets these back when its runtime starts.
-pub const PROGRAM_CPUS_ENV: &str = "PAGEWISE_DLM_PROGRAM_CPUS";
+/// The CPUs the program was started with (a cpulist), set by `pagewise run` and `pagewise hps
+/// run`: a process that inherited a one-CPU mask from a pinned parent gets these back when
+/// its runtime starts.
+pub const PROGRAM_CPUS_ENV: &str = "PAGEWISE_PROGRAM_CPUS";
 
 /// What the handler does about co-location, given what it knows now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Step {
+pub enum Step {
     /// Pin the faulting thread and the handler to one CPU.
     Pin,
     /// Give the pinned thread (and any thread started since) and the handler their masks back.
@@ -43,7 +46,7 @@ pub(crate) enum Step {
 /// The rule. `program_threads`: the process's threads other than the runtime's; `pinned`:
 /// the thread pinned now, if any; `faulting`: the thread whose fault is being served (None
 /// when the handler checks without a fault).
-pub(crate) fn step(program_threads: u32, pinned: Option<u32>, faulting: Option<u32>) -> Step {
+pub fn step(program_threads: u32, pinned: Option<u32>, faulting: Option<u32>) -> Step {
     match (pinned, faulting) {
         (Some(_), _) if program_threads != 1 => Step::Release,
         (Some(p), Some(f)) if p != f => Step::Release,
@@ -57,9 +60,10 @@ static CHILD_MASK: [AtomicU64; 16] = [const { AtomicU64::new(0) }; 16];
 static CHILD_RESTORE: AtomicBool = AtomicBool::new(false);
 
 /// Co-location as the handler thread carries it out (only that thread uses it).
-pub(crate) struct Colocation {
+pub struct Colocation {
     threads: ThreadCount,
-    /// Threads of the runtime in this process (the handler).
+    /// Threads of the runtime in this process (the handler and its helpers): the rest are the
+    /// program's.
     own_threads: u32,
     pinned: Option<Pinned>,
     /// Set when pinning failed (a sandbox refusing sched_setaffinity): tried no more.
@@ -74,22 +78,24 @@ struct Pinned {
 }
 
 impl Colocation {
-    pub(crate) fn new() -> Option<Colocation> {
+    /// For a runtime of `own_threads` threads, the handler among them; None where the
+    /// process's thread count cannot be read.
+    pub fn new(own_threads: u32) -> Option<Colocation> {
         static AT_FORK: std::sync::Once = std::sync::Once::new();
         // SAFETY: restore_in_child is an extern "C" fn doing one async-signal-safe system call.
         AT_FORK.call_once(|| unsafe {
             libc::pthread_atfork(None, None, Some(restore_in_child));
         });
-        Some(Colocation { threads: ThreadCount::open().ok()?, own_threads: 1, pinned: None, given_up: false })
+        Some(Colocation { threads: ThreadCount::open().ok()?, own_threads, pinned: None, given_up: false })
     }
 
-    pub(crate) fn is_pinned(&self) -> bool {
+    pub fn is_pinned(&self) -> bool {
         self.pinned.is_some()
     }
 
     /// Act on a fault of thread `faulting` (None: a check without a fault). Returns true when
     /// it pinned.
-    pub(crate) fn check(&mut self, faulting: Option<u32>) -> bool {
+    pub fn check(&mut self, faulting: Option<u32>) -> bool {
         if self.given_up {
             return false;
         }
@@ -118,7 +124,7 @@ impl Colocation {
     }
 
     /// Give every mask back (also when the runtime stops).
-    pub(crate) fn release(&mut self) {
+    pub fn release(&mut self) {
         let Some(p) = self.pinned.take() else { return };
         CHILD_RESTORE.store(false, Ordering::Release);
         let one = BTreeSet::from([p.cpu]);
@@ -139,14 +145,14 @@ impl Colocation {
 
 /// Pin thread `tid` and the calling (handler) thread to the CPU the handler is on, or the
 /// program's first CPU when the handler's is not in the program's mask.
-fn pin(tid: u32) -> pagewise_kernel::Result<Pinned> {
+fn pin(tid: u32) -> crate::Result<Pinned> {
     let program_mask = cpu::affinity(tid as i32)?;
     let handler_mask = cpu::affinity(0)?;
     let here = cpu::current_cpu();
     let cpu = if program_mask.contains(&here) {
         here
     } else {
-        *program_mask.iter().next().ok_or_else(|| pagewise_kernel::Error::Invalid("empty CPU mask".into()))?
+        *program_mask.iter().next().ok_or_else(|| crate::Error::Invalid("empty CPU mask".into()))?
     };
     for (i, word) in CHILD_MASK.iter().enumerate() {
         let bits = (0..64).filter(|b| program_mask.contains(&(i * 64 + b))).fold(0u64, |w, b| w | 1 << b);
@@ -187,7 +193,7 @@ extern "C" fn restore_in_child() {
 /// A process started by a pinned program (fork and exec) inherits the one-CPU mask: give it
 /// the program's CPUs back, from `PROGRAM_CPUS_ENV`. Only a mask of exactly one CPU that is
 /// not the whole program mask is widened: a mask the user chose stays.
-pub(crate) fn widen_inherited_mask() {
+pub fn widen_inherited_mask() {
     let Some(cpus) = std::env::var(PROGRAM_CPUS_ENV).ok().and_then(|v| cpu::parse_cpulist(&v).ok()) else {
         return;
     };
