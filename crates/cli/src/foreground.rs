@@ -5,7 +5,8 @@
 //! As system(3) does while it waits: SIGINT and SIGQUIT are ignored by the wrapper (a
 //! terminal sends them to the whole foreground process group, the program included: the
 //! program decides), and SIGTERM and SIGHUP are passed on to the program (someone ended the
-//! wrapper: they meant the program). Either way the wrapper goes on waiting, then cleans up.
+//! wrapper: they meant the program). Either way the wrapper goes on waiting, then cleans up;
+//! its cleanup after the program ended (seconds at most) is not cut short by them either.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, ExitStatus};
