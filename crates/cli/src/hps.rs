@@ -121,8 +121,8 @@ fn run_program(
     };
     let mut cmd = std::process::Command::new(&program[0]);
     // What a process the pinned program starts gets back (`pagewise_kernel::colocate`).
-    if let Ok(cpus) = pagewise_kernel::cpu::affinity(0) {
-        cmd.env(pagewise_kernel::colocate::PROGRAM_CPUS_ENV, pagewise_kernel::cpu::format_cpulist(&cpus));
+    if let Some((key, cpus)) = pagewise_kernel::colocate::program_cpus_env() {
+        cmd.env(key, cpus);
     }
     let mut child = cmd
         .args(&program[1..])

@@ -186,8 +186,8 @@ impl DlmProgram {
             .env("PAGEWISE_DLM_FAULT_TIMEOUT_MS", (opts.fault_timeout * 1000).to_string())
             .env("PAGEWISE_DLM_COLOCATE", if opts.no_colocate { "0" } else { "1" });
         // What a process the pinned program starts gets back (`runtime/colocate.rs`).
-        if let Ok(cpus) = pagewise_kernel::cpu::affinity(0) {
-            cmd.env(pagewise_dlm::PROGRAM_CPUS_ENV, pagewise_kernel::cpu::format_cpulist(&cpus));
+        if let Some((key, cpus)) = pagewise_kernel::colocate::program_cpus_env() {
+            cmd.env(key, cpus);
         }
         if opts.bss {
             cmd.env("PAGEWISE_PRELOAD_BSS", "1");

@@ -190,6 +190,12 @@ extern "C" fn restore_in_child() {
     unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
 }
 
+/// The environment entry a wrapper gives the program it starts (`PROGRAM_CPUS_ENV` = this
+/// process's CPUs), for [`widen_inherited_mask`] in whatever the program execs while pinned.
+pub fn program_cpus_env() -> Option<(&'static str, String)> {
+    cpu::affinity(0).ok().map(|cpus| (PROGRAM_CPUS_ENV, cpu::format_cpulist(&cpus)))
+}
+
 /// A process started by a pinned program (fork and exec) inherits the one-CPU mask: give it
 /// the program's CPUs back, from `PROGRAM_CPUS_ENV`. Only a mask of exactly one CPU that is
 /// not the whole program mask is widened: a mask the user chose stays.
