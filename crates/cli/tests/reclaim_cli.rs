@@ -9,7 +9,6 @@ use pagewise_kernel::SettingsGuard;
 
 const PAGEWISE: &str = env!("CARGO_BIN_EXE_pagewise");
 
-/// A config file in a private directory of its own (kept: the test process ends soon).
 /// `text` as reclaimd.toml in a private directory, removed when the first is dropped.
 fn config_file(tag: &str, text: &str) -> (pagewise_kernel::private_dir::PrivateDir, std::path::PathBuf) {
     let dir = pagewise_kernel::private_dir::PrivateDir::new(&format!("cli-{tag}")).unwrap();
