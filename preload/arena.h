@@ -55,8 +55,9 @@ struct pw_arena {
     /* Optional (NULL): one line on what the arena did, for the end-of-run report. 0 or a
      * negative errno. */
     int (*summary)(char *buf, size_t n);
-    /* The program is exiting (the shim's destructor; other threads may still run): write
-     * what the run reports. Memory stays valid until the process is gone. */
+    /* The program `pagewise run` started is exiting (the shim's destructor; other threads may
+     * still run): write what the run reports. Not called in the processes it execs. Memory
+     * stays valid until the process is gone. */
     void (*finish)(void);
 };
 

@@ -474,6 +474,9 @@ __attribute__((destructor)) static void shim_fini(void) {
     char line[256];
     if (report && pw_arena->summary && pw_arena->summary(line, sizeof line) == 0)
         pw_note("pagewise: %s\n", line);
-    pw_arena->finish();
+    /* What the run reports (the tuner's decisions) is the started program's: a process it
+     * execs, ending later, would put its own in their place (hpcc's MPI helper did). */
+    if (report)
+        pw_arena->finish();
     pw_in_shim--;
 }

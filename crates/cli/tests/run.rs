@@ -2,8 +2,9 @@
 //! and without DLM underneath, with a local limit well below its data so pages really travel
 //! to and from a memory server — a matrix multiply and a stencil on malloc'd arrays, a large
 //! static array under --bss, fork + exec, threads, and read(2)/fread into DLM memory. Also:
-//! unreachable servers are reported before the program starts, and a program with no
-//! eligible allocation runs normally with a warning.
+//! unreachable servers are reported before the program starts, a program with no eligible
+//! allocation runs normally with a warning, and the tuner's decisions are the started
+//! program's even when a process it started ends later.
 
 mod common;
 
@@ -77,6 +78,31 @@ fn threads_give_the_same_result() {
 #[test]
 fn read_and_fread_into_dlm_memory_get_the_file() {
     same_output("readfile", &[], |d| vec![d.to_string_lossy().into_owned()]);
+}
+
+#[test]
+fn the_decisions_are_the_started_programs_though_a_process_it_started_ends_later() {
+    ensure_libpagewise();
+    let scratch = tempdir("outlived");
+    let prog = compile("outlived", scratch.path());
+    let file = scratch.path().join("decisions.json");
+    let file_arg = file.display().to_string();
+    let run = Command::new(pagewise())
+        .args(["run", "--local-mem", "1M", "--min-alloc", "256K", "--page-size", "auto", "--decisions", &file_arg])
+        .arg("--")
+        .arg(&prog)
+        // Short windows: the tuner decides many times within the program's run.
+        .env("PAGEWISE_DLM_TUNE_WINDOW_MS", "5")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{:?}\n{err}", run.status);
+    // The program's `sleep 1 &` (the shim loaded in it too) ends after the run: once it has,
+    // the file still holds the program's decisions.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let n = json["decisions"].as_array().map_or(0, Vec::len);
+    assert!(n >= 2, "{n} decision(s) in {json}\n{err}");
 }
 
 #[test]

@@ -123,7 +123,7 @@ impl Default for Config {
             sample_references: true,
             auto_tune: false,
             min_set: 1,
-            tune_window: std::time::Duration::from_millis(200),
+            tune_window: std::time::Duration::from_millis(100),
             decisions_path: None,
             fault_timeout: Some(std::time::Duration::from_secs(30)),
             dont_fork: true,

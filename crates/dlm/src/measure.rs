@@ -7,8 +7,10 @@
 //!   at start the loop's own size is put in force, at end the tuner decides its next one.
 //! - Windows (`Config::auto_tune`, for programs without start/end): while no loop is measured,
 //!   every `Config::tune_window` (with at least [`MIN_WINDOW_FAULTS`] faults) closes a window.
-//!   A window's "time" is the fraction of it spent serving faults: a window has no fixed
-//!   amount of work, so its wall time says nothing, but the share lost to paging does.
+//!   A window's cost is its wall time per second of the program's own CPU time (`tune/window.rs`
+//!   says why): the runtime reads the program's CPU clock (the process's less its own thread's)
+//!   when a window opens and closes; faults served on the program's threads (SIGBUS) are not
+//!   the program's work and are taken out here.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -32,6 +34,10 @@ pub(crate) struct Measure {
     /// The window tuner (used while no loop is measured).
     pub window_state: WindowTuner,
     pub window_start: Instant,
+    /// The program's CPU time when the window opened.
+    pub window_cpu: Duration,
+    /// Faults are served on the program's own threads (SIGBUS): their time is in its CPU time.
+    pub faults_on_program_threads: bool,
     pub window_faults: u64,
     pub window_fault_time: Duration,
     pub decisions: Vec<Decision>,
@@ -42,7 +48,14 @@ pub(crate) struct Measure {
 }
 
 impl Measure {
-    pub fn new(tuner: TunerConfig, auto: bool, window: Duration) -> Self {
+    /// `program_cpu`: the program's CPU time now ([`Measure::close_window`]).
+    pub fn new(
+        tuner: TunerConfig,
+        auto: bool,
+        window: Duration,
+        faults_on_program_threads: bool,
+        program_cpu: Duration,
+    ) -> Self {
         Measure {
             tuner,
             auto,
@@ -51,6 +64,8 @@ impl Measure {
             loops: HashMap::new(),
             window_state: WindowTuner::new(&tuner),
             window_start: Instant::now(),
+            window_cpu: program_cpu,
+            faults_on_program_threads,
             window_faults: 0,
             window_fault_time: Duration::ZERO,
             decisions: Vec::with_capacity(MAX_DECISIONS),
@@ -78,14 +93,25 @@ impl Measure {
             && now.duration_since(self.window_start) >= self.window
     }
 
-    /// Close the window: decide from what it touched; returns the new set count.
-    pub fn close_window(&mut self, touched: &Touched, now: Instant) -> u32 {
-        let wall = now.duration_since(self.window_start).as_secs_f64().max(1e-9);
-        let share = self.window_fault_time.as_secs_f64() / wall;
-        let d = self.window_state.on_window(&self.tuner, touched, share, WINDOW_ID);
+    /// Close the window: decide from what it touched and its cost; returns the new set count.
+    /// `program_cpu`: the program's CPU time now, all its threads, the runtime's own thread not
+    /// counted.
+    pub fn close_window(&mut self, touched: &Touched, now: Instant, program_cpu: Duration) -> u32 {
+        let d = self.window_state.on_window(&self.tuner, touched, self.window_cost(now, program_cpu), WINDOW_ID);
         self.log(d);
-        self.reset_window(now);
+        self.reset_window(now, program_cpu);
         self.window_state.set()
+    }
+
+    /// Wall seconds per second of the program's work in the window now closing.
+    fn window_cost(&self, now: Instant, program_cpu: Duration) -> f64 {
+        let wall = now.duration_since(self.window_start).as_secs_f64();
+        let mut work = program_cpu.saturating_sub(self.window_cpu);
+        if self.faults_on_program_threads {
+            work = work.saturating_sub(self.window_fault_time);
+        }
+        // A program that hardly ran (it sleeps, or waits for input) says little: bounded.
+        wall / work.as_secs_f64().max(wall * 1e-3).max(1e-9)
     }
 
     /// A fault of the measured loop: whether it has faulted more than twice its local units
@@ -98,8 +124,9 @@ impl Measure {
         self.loop_faults > 2 * self.tuner.local_units(set) + 16
     }
 
-    pub fn reset_window(&mut self, now: Instant) {
+    pub fn reset_window(&mut self, now: Instant, program_cpu: Duration) {
         self.window_start = now;
+        self.window_cpu = program_cpu;
         self.window_faults = 0;
         self.window_fault_time = Duration::ZERO;
     }
@@ -118,21 +145,38 @@ mod tests {
     #[test]
     fn windows_close_after_time_and_enough_faults() {
         let t = TunerConfig { base_page: 4096, local_mem: 64 * 4096, min_set: 1, max_set: 8 };
-        let mut m = Measure::new(t, true, Duration::from_millis(10));
+        let mut m = Measure::new(t, true, Duration::from_millis(10), false, Duration::from_secs(1));
         let start = m.window_start;
         for _ in 0..MIN_WINDOW_FAULTS - 1 {
             assert!(!m.fault(Duration::from_micros(5), start + Duration::from_millis(20)));
         }
         assert!(m.fault(Duration::from_micros(5), start + Duration::from_millis(20)));
-        // The window tuner starts in the middle (set 4 of 1..8) and, with touched units that
-        // do not fit, tries the smaller neighbour first.
+        // The window tuner starts in the middle (set 4 of 1..8), measures the program's start
+        // and then its home, and with touched units that do not fit looks down first, by a
+        // jump (to set 1).
         assert_eq!(m.window_state.set(), 4);
         let mut touched = Touched::default();
         touched.units[..4].copy_from_slice(&[40, 40, 40, 100]);
-        assert_eq!(m.close_window(&touched, start + Duration::from_millis(20)), 2);
-        assert_eq!(m.decisions.len(), 1);
+        let ms = Duration::from_millis;
+        assert_eq!(m.close_window(&touched, start + ms(20), ms(1005)), 4);
+        assert_eq!(m.close_window(&touched, start + ms(40), ms(1010)), 1);
+        assert_eq!(m.decisions.len(), 2);
         assert_eq!(m.decisions[0].loop_id, WINDOW_ID);
+        // Cost: wall per CPU second of the program: 20 ms for 5 ms of work.
+        assert!((m.decisions[0].loop_time - 4.0).abs() < 1e-9, "{:?}", m.decisions[0]);
         assert_eq!(m.window_faults, 0);
+        // Under SIGBUS the faults' own time is taken out of the program's: 20 ms of CPU of
+        // which 10 ms served faults.
+        let mut m = Measure::new(t, true, ms(10), true, Duration::ZERO);
+        let start = m.window_start;
+        for _ in 0..MIN_WINDOW_FAULTS {
+            m.fault(Duration::from_micros(10_000 / MIN_WINDOW_FAULTS), start + ms(20));
+        }
+        m.close_window(&touched, start + ms(20), ms(20));
+        assert!((m.decisions[0].loop_time - 2.0).abs() < 0.01, "{:?}", m.decisions[0]);
+        // A window in which the program hardly ran has a bounded cost.
+        m.close_window(&touched, start + ms(40), ms(20));
+        assert!((m.decisions[1].loop_time - 1000.0).abs() < 1e-6, "{:?}", m.decisions[1]);
         // While a loop is measured, windows never close.
         m.active = Some((3, start));
         for _ in 0..2 * MIN_WINDOW_FAULTS {

@@ -330,6 +330,9 @@ pub(crate) struct State {
     zeros: Vec<u8>,
     stats: Stats,
     measure: crate::measure::Measure,
+    /// The handler thread's CPU clock (handler-thread mode, once it runs): its time is the
+    /// runtime's, not the program's (`State::program_cpu`).
+    handler_clock: Option<pagewise_kernel::cpu::CpuClock>,
 }
 
 pub(crate) struct Inner {
@@ -477,11 +480,18 @@ impl Dlm {
             min_set: cfg.min_set,
             max_set: cfg.max_set,
         };
-        let measure = crate::measure::Measure::new(tuner, cfg.auto_tune, cfg.tune_window);
+        let measure = crate::measure::Measure::new(
+            tuner,
+            cfg.auto_tune,
+            cfg.tune_window,
+            mode != FaultMode::HandlerThread,
+            pagewise_kernel::cpu::CpuClock::PROCESS.now(),
+        );
         // Tuned over windows, the unit starts where the window tuner starts (`tune/window.rs`).
         let set_count = if cfg.auto_tune { measure.window_state.set() } else { cfg.set_count };
         let state = State {
             measure,
+            handler_clock: None,
             conns,
             areas: Vec::new(),
             clock: Clock::with_capacity(max_units),
@@ -634,7 +644,8 @@ impl Dlm {
         let set = state.set;
         st.measure.log(d);
         st.measure.active = None;
-        st.measure.reset_window(std::time::Instant::now());
+        let cpu = st.program_cpu();
+        st.measure.reset_window(std::time::Instant::now(), cpu);
         st.apply_set_count(set);
         st.clear_touched();
         Ok(d)
@@ -813,6 +824,12 @@ fn decisions_json(m: &crate::measure::Measure) -> String {
 }
 
 impl State {
+    /// The program's CPU time so far: the process's, less the handler thread's.
+    fn program_cpu(&self) -> std::time::Duration {
+        let runtime = self.handler_clock.map_or(std::time::Duration::ZERO, |c| c.now());
+        pagewise_kernel::cpu::CpuClock::PROCESS.now().saturating_sub(runtime)
+    }
+
     /// Put set count `count` in force (read-ahead windows restart).
     fn apply_set_count(&mut self, count: u32) {
         self.set_count = count;

@@ -158,7 +158,8 @@ pub struct Decision {
     /// Unit sizes in bytes.
     pub old_size: usize,
     pub new_size: usize,
-    /// The loop's time in seconds (windows: the fraction of the window spent serving faults).
+    /// The loop's time in seconds (windows: the window's wall seconds per second of the
+    /// program's CPU time, `tune/window.rs`).
     pub loop_time: f64,
     pub reason: Reason,
 }
@@ -286,7 +287,7 @@ pub fn format_table(decisions: &[Decision]) -> String {
     for d in decisions {
         let id = if d.loop_id == u64::MAX { "window".to_string() } else { d.loop_id.to_string() };
         let time = if d.loop_id == u64::MAX {
-            format!("{:.1}% in faults", d.loop_time * 100.0)
+            format!("{:.1} s per CPU s", d.loop_time)
         } else {
             format!("{:.3} s", d.loop_time)
         };

@@ -124,6 +124,43 @@ pub fn process_cpu_time(pid: i32) -> Result<std::time::Duration> {
     Ok(std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
 }
 
+/// A CPU-time clock that any thread may read: this process's (all its threads together) or one
+/// thread's, taken by that thread and read later by others (a runtime's own thread, whose time
+/// is then subtracted from the process's to leave the program's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuClock(libc::clockid_t);
+
+impl CpuClock {
+    /// The calling process's clock (CLOCK_PROCESS_CPUTIME_ID): exact, in nanoseconds, also
+    /// with tick-based user/system accounting, which only splits the total by samples.
+    pub const PROCESS: CpuClock = CpuClock(libc::CLOCK_PROCESS_CPUTIME_ID);
+
+    /// The calling thread's clock, by id, so that other threads can read it too.
+    pub fn this_thread() -> Result<CpuClock> {
+        let mut clock: libc::clockid_t = 0;
+        // SAFETY: pthread_self() is a live thread (the caller); clock is a valid out-pointer.
+        // The error number is returned, not set in errno.
+        let rc = unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut clock) };
+        if rc != 0 {
+            return Err(Error::Syscall {
+                call: "pthread_getcpuclockid",
+                source: std::io::Error::from_raw_os_error(rc),
+            });
+        }
+        Ok(CpuClock(clock))
+    }
+
+    /// CPU time so far; zero once the clock's thread has ended (its clock is gone).
+    pub fn now(&self) -> std::time::Duration {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: ts is a valid out-pointer.
+        if unsafe { libc::clock_gettime(self.0, &mut ts) } != 0 {
+            return std::time::Duration::ZERO;
+        }
+        std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    }
+}
+
 /// CPU time (user and system) of every child of this process that ended and was waited for,
 /// and of their own waited-for descendants: getrusage(2) RUSAGE_CHILDREN. The difference across
 /// one `Command::output()` is that command's CPU time, all its threads together.
@@ -285,6 +322,37 @@ mod tests {
         let wall = t.elapsed().as_nanos() as u64;
         assert!(spent.on_cpu_ns >= 19_000_000, "20 ms of spinning counted as {spent:?}");
         assert!(spent.on_cpu_ns + spent.run_queue_wait_ns <= wall + 2_000_000, "{spent:?} in {wall} ns");
+    }
+
+    #[test]
+    fn a_threads_clock_read_by_another_thread_counts_that_threads_work_only() {
+        use std::sync::mpsc;
+        let (tx, rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let worker = std::thread::spawn(move || {
+            let own = CpuClock::this_thread().unwrap();
+            tx.send(own).unwrap();
+            // Spin until this thread's own clock says 30 ms, then wait (off CPU).
+            while own.now() < std::time::Duration::from_millis(30) {
+                std::hint::black_box(0u64);
+            }
+            done_rx.recv().unwrap();
+        });
+        let clock = rx.recv().unwrap();
+        let process0 = CpuClock::PROCESS.now();
+        let t = std::time::Instant::now();
+        while clock.now() < std::time::Duration::from_millis(30) && t.elapsed() < std::time::Duration::from_secs(30) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let (worker_cpu, reader_cpu) = (clock.now(), CpuClock(libc::CLOCK_THREAD_CPUTIME_ID).now());
+        assert!(worker_cpu >= std::time::Duration::from_millis(30), "{worker_cpu:?}");
+        // This (sleeping) thread used far less; the process clock has the worker's time in it.
+        assert!(reader_cpu < worker_cpu, "reader {reader_cpu:?}, worker {worker_cpu:?}");
+        assert!(CpuClock::PROCESS.now() >= process0);
+        assert!(CpuClock::PROCESS.now() >= worker_cpu);
+        done_tx.send(()).unwrap();
+        worker.join().unwrap();
+        assert_eq!(clock.now(), std::time::Duration::ZERO, "an ended thread's clock reads zero");
     }
 
     #[test]

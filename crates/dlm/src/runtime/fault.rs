@@ -16,6 +16,8 @@ pub(super) fn handler_thread(inner: &Inner) {
     let uffd = inner.uffd.as_ref().expect("handler mode has a uffd");
     let fd = std::os::fd::AsRawFd::as_raw_fd(uffd);
     let mut colocation = if inner.cfg.colocate { Colocation::new(1) } else { None };
+    // The tuner counts this thread's CPU time as the runtime's, not the program's.
+    inner.lock().handler_clock = pagewise_kernel::cpu::CpuClock::this_thread().ok();
     while !inner.stop.load(Ordering::Acquire) {
         // While pinned, threads the program starts share its one CPU until the next check:
         // check often.
@@ -251,7 +253,8 @@ impl Inner {
         }
         if st.measure.fault(now - t0, now) {
             let touched = st.touched();
-            let set = st.measure.close_window(&touched, now);
+            let cpu = st.program_cpu();
+            let set = st.measure.close_window(&touched, now, cpu);
             st.apply_set_count(set);
             st.clear_touched();
         }

@@ -1,53 +1,78 @@
 //! The page-size tuner of an unmodified program (`pagewise run --page-size auto`): windows of
-//! time instead of `dlm_start`/`dlm_end` loops. Pure: the runtime passes in each window's
-//! share of time spent serving faults and what it touched (`measure.rs`).
+//! time instead of `dlm_start`/`dlm_end` loops. Pure: the runtime passes in each window's cost
+//! (`measure.rs`) and what it touched.
+//!
+//! # What a window measures
+//! A window has no fixed amount of work, so its wall time alone says nothing. Its cost is its
+//! wall time per second of the *program's own* CPU time (the process's CPU clock less the
+//! runtime's: its handler thread, or the faults served on the program's threads): how many
+//! seconds the program needs for a second of its work at this size. The program's CPU time is
+//! exact (the scheduler's clock, not tick samples) and paging does not inflate it, so the cost
+//! grows with everything paging costs — the handler's time, the wake-ups and context switches
+//! around each fault, a CPU left idle while a reply is on its way.
+//!
+//! The share of the window spent in the handler, used before, misses exactly those costs: GNU
+//! sort at 25% local memory spent 61–85% of every window in faults at every size from 32 KiB
+//! to 128 KiB (sizes whose run times differ 1.6×), so the tuner could not tell them apart and
+//! wandered (issue 22: auto 1.61× the best fixed size). Its cost per window is 20–90.
 //!
 //! # Why not the loop rule
 //! The loop rule (`tune.rs`) shrinks the unit until what a loop touches fits in local memory.
 //! A window is not a loop: a program that sweeps arrays larger than local memory touches more
 //! than fits at *every* size, so the rule drove it to the smallest unit — where a sweep is
-//! slowest (each fault fetches one page) — and locked it there: a real solver ran 1.76× its
-//! best fixed size at 50% local memory, 2.3–3.1× for two programs sweeping at 10% (issue 22).
-//! What fits says little about what is fast; the program's own time does.
+//! slowest — and locked it there. What fits says little about what is fast; the program's own
+//! time does.
 //!
-//! # The rule: try a neighbour, keep it only if measured faster
-//! The tuner holds a *home* size. After a few windows there it *tries* a neighbour (half or
-//! twice the size) for [`TRIAL_WINDOWS`] windows, then returns home for one more window, and
-//! compares the neighbour's share of time in faults with the home windows just before and just
-//! after it (A-B-A: a program drifting between phases moves both home measurements, so drift
-//! is not mistaken for a better size). The neighbour becomes home only when it is faster by
-//! more than [`BETTER_BY`]; then the next neighbour in the same direction is tried at once.
-//! A neighbour that is not faster turns the search around; when both directions have failed
-//! the home is settled and trials thin out (the settling time doubles up to
-//! [`MAX_SETTLE_WINDOWS`]): a phase change later can still move it, at a small cost.
+//! # The rule: paired trials, kept only if measured faster
+//! The tuner holds a *home* size. A trial alternates single windows: home, trial, home, trial,
+//! home. Each trial window is compared with the home windows on both sides of it (their
+//! geometric mean): a program drifting between phases moves both, so a phase change is not
+//! mistaken for a better size, and two pairs give two independent looks.
+//! - One pair decides at once when it is clear ([`CLEARLY_BETTER`], [`CLEARLY_WORSE`]): large
+//!   differences, the ones worth most, cost three windows.
+//! - Otherwise the trial becomes home when both pairs say faster and their mean by more than
+//!   [`BETTER_BY`].
 //!
-//! Where to start and which way to look first come from what the windows touched: if the
-//! touched units fit in local memory at the home size, reuse is kept and a larger unit may
-//! fetch more per fault — look up; if not, look down first. The start is the middle of the
-//! range (log scale), so either end is a few moves away.
+//! Sizes are tried by jumps: the first look in each direction is [`FIRST_JUMP`] steps (×4), so
+//! far sizes are reached in few trials and the differences measured are large. A jump that was
+//! not faster is followed by a single step the same way, or, when it was clearly slower, by a
+//! jump the other way at once (the cost is unimodal in the size, as far as these programs
+//! show). A trial that won is followed at once by another jump the same way. When single steps both ways have lost,
+//! the home is settled and trials thin out (the wait doubles up to [`MAX_SETTLE_WINDOWS`]): a
+//! phase change later can still move it, at a small cost.
+//!
+//! Which way to look first comes from what the first measured window touched: if its units fit
+//! in local memory at the home size, reuse is kept and a larger unit may fetch more per fault —
+//! look up; if not, look down first. The start is the middle of the range (log scale). (Whether
+//! faults continue streams is no better a guide: numpy's sweeps, fastest at 1 MiB, continued
+//! one in 23% of their faults, HPC Challenge, fastest at 64 KiB, in 54%.)
 //!
 //! # Cost
-//! One trial costs at most [`TRIAL_WINDOWS`] windows at a worse size; once settled, one trial
-//! per [`MAX_SETTLE_WINDOWS`] windows. Moves only ever go to a measured-faster size.
+//! A trial is at most two windows at another size; once settled, one trial per
+//! [`MAX_SETTLE_WINDOWS`] windows. Home only ever moves to a size measured faster.
 
 use super::{Decision, Reason, Touched, TunerConfig};
 
-/// Windows a neighbour is tried for.
-pub const TRIAL_WINDOWS: u32 = 2;
-/// A neighbour must spend this much less of its time in faults to become home.
-pub const BETTER_BY: f64 = 0.08;
-/// Windows at home before the first trial, and the longest wait between trials once settled.
-pub const FIRST_SETTLE_WINDOWS: u32 = 1;
+/// Mean paired ratio (trial / home) a trial must beat by this much to become home.
+pub const BETTER_BY: f64 = 0.06;
+/// One pair this much faster (ratio below) decides for the trial at once.
+pub const CLEARLY_BETTER: f64 = 0.75;
+/// One pair this much slower (ratio above) decides against it at once.
+pub const CLEARLY_WORSE: f64 = 1.25;
+/// The first look in a direction jumps this many steps (powers of two).
+pub const FIRST_JUMP: u32 = 2;
+/// The longest wait at home between trials once settled.
 pub const MAX_SETTLE_WINDOWS: u32 = 32;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Phase {
     /// At home, `left` windows before the next trial.
     Home { left: u32 },
-    /// Trying `set`: its shares so far.
-    Trial { set: u32, left: u32, sum: f64, n: u32 },
-    /// Back home for one window after trying `set` (its mean share `share`).
-    After { set: u32, share: f64 },
+    /// A trial window at `set`, after a home window of cost `before`; `pairs` pairs done
+    /// (their log ratios summed, and whether each said faster).
+    Trial { set: u32, before: f64, pairs: u32, sum_log: f64, all_faster: bool },
+    /// The home window after a trial window at `set` of cost `trial`.
+    Back { set: u32, before: f64, trial: f64, pairs: u32, sum_log: f64, all_faster: bool },
 }
 
 /// The state of the window tuner.
@@ -56,13 +81,15 @@ pub struct WindowTuner {
     /// The settled size (set count).
     pub home: u32,
     phase: Phase,
-    /// The mean share of the home windows before the current trial.
-    home_share: Option<f64>,
     /// Direction of the next trial: smaller (true) or larger.
     down: bool,
-    /// Trials in a row that found nothing better (0, 1 or 2: both directions tried).
+    /// Steps (log2) of the next trial's jump.
+    jump: u32,
+    /// Whether the first look's direction has been chosen.
+    looked: bool,
+    /// Directions that found nothing better at a single step, in a row (0, 1 or 2).
     misses: u32,
-    /// Windows to wait at home before the next trial.
+    /// Windows to wait at home before the next trial once settled.
     settle: u32,
     iterations: u32,
 }
@@ -74,11 +101,13 @@ impl WindowTuner {
         let home = c[c.len() / 2];
         WindowTuner {
             home,
-            phase: Phase::Home { left: FIRST_SETTLE_WINDOWS },
-            home_share: None,
+            // The first window is the program's start: not a measure of the size.
+            phase: Phase::Home { left: 2 },
             down: false,
+            jump: FIRST_JUMP,
+            looked: false,
             misses: 0,
-            settle: FIRST_SETTLE_WINDOWS,
+            settle: 1,
             iterations: 0,
         }
     }
@@ -91,69 +120,47 @@ impl WindowTuner {
         }
     }
 
-    /// A window closed: it spent `share` of its time serving faults and touched `touched`.
-    /// Returns the decision (its `new_size` is in force from now on).
-    pub fn on_window(&mut self, cfg: &TunerConfig, touched: &Touched, share: f64, loop_id: u64) -> Decision {
+    /// A window closed: at the size in force it cost `cost` (wall seconds per second of the
+    /// program's CPU time) and touched `touched`. Returns the decision (its `new_size` is in
+    /// force from now on).
+    pub fn on_window(&mut self, cfg: &TunerConfig, touched: &Touched, cost: f64, loop_id: u64) -> Decision {
         let cur = self.set();
+        let cost = if cost.is_finite() && cost > 0.0 { cost } else { f64::MAX };
         let (next, reason) = match self.phase {
-            Phase::Home { left } => {
-                self.home_share = Some(match self.home_share {
-                    Some(s) => 0.5 * s + 0.5 * share,
-                    None => share,
-                });
-                if left > 1 {
-                    self.phase = Phase::Home { left: left - 1 };
-                    (self.home, Reason::Settled)
-                } else {
-                    if self.misses == 0 && self.iterations == 0 {
-                        // First look: down if what the windows touch does not fit here.
-                        self.down = touched.at(self.home) > cfg.local_units(self.home);
-                    }
-                    match self.neighbour(cfg) {
-                        Some(n) => {
-                            self.phase = Phase::Trial { set: n, left: TRIAL_WINDOWS, sum: 0.0, n: 0 };
-                            (n, Reason::Explore)
-                        }
-                        None => {
-                            self.phase = Phase::Home { left: self.settle };
-                            (self.home, Reason::Settled)
-                        }
-                    }
-                }
+            Phase::Home { left } if left > 1 => {
+                self.phase = Phase::Home { left: left - 1 };
+                (self.home, Reason::Settled)
             }
-            Phase::Trial { set, left, sum, n } => {
-                let (sum, n) = (sum + share, n + 1);
-                if left > 1 {
-                    self.phase = Phase::Trial { set, left: left - 1, sum, n };
+            Phase::Home { .. } => {
+                if !self.looked {
+                    // First look: down if what the window touched does not fit here.
+                    self.looked = true;
+                    self.down = touched.at(self.home) > cfg.local_units(self.home);
+                }
+                self.start_trial(cfg, cost)
+            }
+            Phase::Trial { set, before, pairs, sum_log, all_faster } => {
+                self.phase = Phase::Back { set, before, trial: cost, pairs, sum_log, all_faster };
+                (self.home, Reason::Explore)
+            }
+            Phase::Back { set, before, trial, pairs, sum_log, all_faster } => {
+                let ratio = trial / (before * cost).sqrt();
+                let (pairs, sum_log) = (pairs + 1, sum_log + ratio.ln());
+                let all_faster = all_faster && ratio < 1.0;
+                let mean = (sum_log / pairs as f64).exp();
+                if (pairs == 1 && ratio < CLEARLY_BETTER) || (pairs == 2 && all_faster && mean < 1.0 - BETTER_BY) {
+                    // Faster: it is home now; jump on the same way at once.
+                    self.home = set;
+                    self.misses = 0;
+                    self.settle = 1;
+                    self.phase = Phase::Home { left: 1 };
+                    (set, Reason::Better)
+                } else if pairs == 1 && ratio <= CLEARLY_WORSE {
+                    // Not clear yet: a second pair, this window its home before.
+                    self.phase = Phase::Trial { set, before: cost, pairs, sum_log, all_faster };
                     (set, Reason::Explore)
                 } else {
-                    self.phase = Phase::After { set, share: sum / n as f64 };
-                    (self.home, Reason::Explore)
-                }
-            }
-            Phase::After { set, share: trial } => {
-                let before = self.home_share.unwrap_or(share);
-                let base = 0.5 * (before + share);
-                if trial < base * (1.0 - BETTER_BY) {
-                    // Faster: it is home now; keep going the same way at once.
-                    self.home = set;
-                    self.home_share = Some(trial);
-                    self.misses = 0;
-                    self.settle = FIRST_SETTLE_WINDOWS;
-                    self.phase = Phase::Home { left: FIRST_SETTLE_WINDOWS };
-                    (set, Reason::Better)
-                } else {
-                    self.home_share = Some(base);
-                    self.misses += 1;
-                    self.down = !self.down;
-                    if self.misses >= 2 {
-                        // Both ways tried: settled; look again later, less and less often.
-                        self.misses = 0;
-                        self.settle = (self.settle * 2).clamp(4, MAX_SETTLE_WINDOWS);
-                    }
-                    self.phase =
-                        Phase::Home { left: if self.misses == 1 { FIRST_SETTLE_WINDOWS } else { self.settle } };
-                    (self.home, Reason::Worse)
+                    self.lost(cfg, cost, ratio > CLEARLY_WORSE)
                 }
             }
         };
@@ -164,133 +171,70 @@ impl WindowTuner {
             local_units: cfg.local_units(cur),
             old_size: cur as usize * cfg.base_page,
             new_size: next as usize * cfg.base_page,
-            loop_time: share,
+            loop_time: cost,
             reason,
         };
         self.iterations += 1;
         d
     }
 
-    /// The neighbour to try next: half or twice home, in the current direction, turning around
-    /// at the ends of the range; `None` when there is only one size.
-    fn neighbour(&mut self, cfg: &TunerConfig) -> Option<u32> {
-        let smaller = (self.home > cfg.min_set).then_some(self.home / 2);
-        let larger = (self.home < cfg.max_set).then_some(self.home * 2);
-        let (first, second) = if self.down { (smaller, larger) } else { (larger, smaller) };
-        match (first, second) {
-            (Some(n), _) => Some(n),
-            (None, Some(n)) => {
-                self.down = !self.down;
-                Some(n)
+    /// Try the size a jump away (this window, of cost `home_cost`, is the trial's home before).
+    fn start_trial(&mut self, cfg: &TunerConfig, home_cost: f64) -> (u32, Reason) {
+        match self.target(cfg) {
+            Some(set) => {
+                self.phase = Phase::Trial { set, before: home_cost, pairs: 0, sum_log: 0.0, all_faster: true };
+                (set, Reason::Explore)
             }
-            (None, None) => None,
+            None => {
+                self.phase = Phase::Home { left: self.settle.max(1) };
+                (self.home, Reason::Settled)
+            }
         }
+    }
+
+    /// A trial lost (this home window cost `home_cost`): after a jump that was not clearly
+    /// slower, a single step the same way; else the other direction, tried at once from this
+    /// window. Both directions lost (or the other has no room): settled, trials thin out.
+    fn lost(&mut self, cfg: &TunerConfig, home_cost: f64, clearly: bool) -> (u32, Reason) {
+        if self.jump > 1 && !clearly {
+            self.jump -= 1;
+        } else {
+            self.misses += 1;
+            self.down = !self.down;
+            // The other way, with a jump unless settled once already.
+            self.jump = if self.settle == 1 { FIRST_JUMP } else { 1 };
+            if self.misses >= 2 || self.target_towards(cfg, self.down).is_none() {
+                self.misses = 0;
+                self.jump = 1;
+                self.settle = (self.settle * 2).clamp(4, MAX_SETTLE_WINDOWS);
+                self.phase = Phase::Home { left: self.settle };
+                return (self.home, Reason::Worse);
+            }
+        }
+        let (next, _) = self.start_trial(cfg, home_cost);
+        (next, Reason::Worse)
+    }
+
+    /// The size to try: `jump` steps from home in the current direction, clamped to the range;
+    /// a direction with no room turns around. `None` when there is only one size.
+    fn target(&mut self, cfg: &TunerConfig) -> Option<u32> {
+        if let Some(t) = self.target_towards(cfg, self.down) {
+            return Some(t);
+        }
+        self.down = !self.down;
+        self.target_towards(cfg, self.down)
+    }
+
+    /// `jump` steps from home down or up, clamped to the range; `None` at its end.
+    fn target_towards(&self, cfg: &TunerConfig, down: bool) -> Option<u32> {
+        let t = if down {
+            (self.home >> self.jump).max(cfg.min_set)
+        } else {
+            self.home.saturating_mul(1 << self.jump).min(cfg.max_set)
+        };
+        (t != self.home).then_some(t)
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    fn cfg() -> TunerConfig {
-        // pagewise run: 4 KiB base, 4 KiB .. 1 MiB, 32 MiB local.
-        TunerConfig { base_page: 4096, local_mem: 32 << 20, min_set: 1, max_set: 256 }
-    }
-
-    /// Run `windows` windows of a program whose share in faults at set count s is `cost(s)`.
-    fn run(cost: impl Fn(u32) -> f64, windows: usize) -> (WindowTuner, Vec<u32>) {
-        let c = cfg();
-        let mut t = WindowTuner::new(&c);
-        let mut sets = Vec::new();
-        for _ in 0..windows {
-            let s = t.set();
-            sets.push(s);
-            let d = t.on_window(&c, &Touched::default(), cost(s), u64::MAX);
-            assert_eq!(d.new_size, t.set() as usize * 4096);
-        }
-        (t, sets)
-    }
-
-    #[test]
-    fn starts_in_the_middle_of_the_range() {
-        assert_eq!(WindowTuner::new(&cfg()).home, 16);
-    }
-
-    #[test]
-    fn a_sweep_climbs_to_the_largest_unit() {
-        // Larger units fetch more per fault: the share falls with the size.
-        let (t, _) = run(|s| 0.9 / (1.0 + (s as f64).log2()), 60);
-        assert_eq!(t.home, 256);
-    }
-
-    #[test]
-    fn random_access_descends_to_the_smallest_unit() {
-        let (t, _) = run(|s| 0.2 + 0.7 * (s as f64).log2() / 8.0, 60);
-        assert_eq!(t.home, 1);
-    }
-
-    #[test]
-    fn settles_on_a_best_size_in_between_and_trials_thin_out() {
-        // Best at 32 (128 KiB): share grows by 0.1 per step away from it.
-        let cost = |s: u32| 0.3 + 0.1 * ((s as f64).log2() - 5.0).abs();
-        let (t, sets) = run(cost, 400);
-        assert_eq!(t.home, 32);
-        let late_trials = sets[300..].iter().filter(|&&s| s != 32).count();
-        assert!(late_trials <= 100 / MAX_SETTLE_WINDOWS as usize * TRIAL_WINDOWS as usize + 2, "{late_trials}");
-    }
-
-    #[test]
-    fn one_size_only_never_explores() {
-        let c = TunerConfig { min_set: 8, max_set: 8, ..cfg() };
-        let mut t = WindowTuner::new(&c);
-        for _ in 0..10 {
-            let d = t.on_window(&c, &Touched::default(), 0.5, u64::MAX);
-            assert_eq!(d.new_size, 8 * 4096);
-        }
-    }
-
-    proptest! {
-        /// Whatever the measurements: the size stays in range; home only moves to a size just
-        /// tried, by one step; and a trial never lasts longer than TRIAL_WINDOWS windows.
-        #[test]
-        fn moves_are_measured_steps_within_range(shares in proptest::collection::vec(0.0f64..1.0, 1..300)) {
-            let c = cfg();
-            let mut t = WindowTuner::new(&c);
-            let mut away = 0;
-            for share in shares {
-                let home = t.home;
-                let d = t.on_window(&c, &Touched::default(), share, u64::MAX);
-                let s = t.set();
-                prop_assert!(s >= c.min_set && s <= c.max_set);
-                prop_assert!(t.home == home || t.home == home * 2 || t.home * 2 == home);
-                if t.home != home {
-                    prop_assert_eq!(d.reason, Reason::Better);
-                    prop_assert_eq!(d.old_size, home as usize * 4096);
-                }
-                away = if s != t.home { away + 1 } else { 0 };
-                prop_assert!(away <= TRIAL_WINDOWS);
-            }
-        }
-
-        /// With noise on a unimodal cost, the tuner ends within one step of the best size.
-        #[test]
-        fn finds_the_best_size_through_noise(best in 0u32..9, seed in 0u64..1000) {
-            let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-            let cost = move |s: u32| {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                let noise = ((x >> 33) as f64 / (1u64 << 31) as f64 - 0.5) * 0.04;
-                0.3 + 0.12 * ((s as f64).log2() - best as f64).abs() + noise
-            };
-            let c = cfg();
-            let mut t = WindowTuner::new(&c);
-            let mut cost = cost;
-            for _ in 0..300 {
-                let s = t.set();
-                t.on_window(&c, &Touched::default(), cost(s), u64::MAX);
-            }
-            let got = t.home.trailing_zeros() as i64;
-            prop_assert!((got - best as i64).abs() <= 1, "home 2^{} best 2^{}", got, best);
-        }
-    }
-}
+mod tests;

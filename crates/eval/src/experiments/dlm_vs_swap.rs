@@ -248,7 +248,7 @@ fn read_decisions(path: &Path) -> Vec<serde_json::Value> {
 
 /// The tuner's windows as the seed's per-iteration table.
 fn decisions_table(ds: &[serde_json::Value]) -> Table {
-    let mut t = Table::new(["window", "working set", "local pages", "page size", "time in faults", "why"]);
+    let mut t = Table::new(["window", "working set", "local pages", "page size", "wall s per CPU s", "why"]);
     for d in ds {
         let size = |k: &str| human_bytes(d[k].as_u64().unwrap_or(0));
         t.row([
@@ -256,7 +256,7 @@ fn decisions_table(ds: &[serde_json::Value]) -> Table {
             d["working_set"].to_string(),
             d["local_units"].to_string(),
             format!("{} → {}", size("old_size"), size("new_size")),
-            format!("{:.0}%", d["loop_time"].as_f64().unwrap_or(f64::NAN) * 100.0),
+            format!("{:.1}", d["loop_time"].as_f64().unwrap_or(f64::NAN)),
             d["reason"].as_str().unwrap_or("").to_string(),
         ]);
     }

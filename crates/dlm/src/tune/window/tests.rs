@@ -1,0 +1,161 @@
+use super::*;
+use proptest::prelude::*;
+
+fn cfg() -> TunerConfig {
+    // pagewise run: 4 KiB base, 4 KiB .. 1 MiB, 32 MiB local.
+    TunerConfig { base_page: 4096, local_mem: 32 << 20, min_set: 1, max_set: 256 }
+}
+
+/// Touched units that do not fit at any size (a program touching more than local memory).
+fn too_much() -> Touched {
+    let mut t = Touched::default();
+    t.units.iter_mut().for_each(|u| *u = usize::MAX / 2);
+    t
+}
+
+/// Run `windows` windows of a program whose window cost at set count s in window w is
+/// `cost(s, w)`; the sizes in force, window by window.
+fn run_with(touched: &Touched, mut cost: impl FnMut(u32, usize) -> f64, windows: usize) -> (WindowTuner, Vec<u32>) {
+    let c = cfg();
+    let mut t = WindowTuner::new(&c);
+    let mut sets = Vec::new();
+    for w in 0..windows {
+        let s = t.set();
+        sets.push(s);
+        let d = t.on_window(&c, touched, cost(s, w), u64::MAX);
+        assert_eq!(d.new_size, t.set() as usize * 4096);
+        assert_eq!(d.old_size, s as usize * 4096);
+    }
+    (t, sets)
+}
+
+fn run(cost: impl Fn(u32) -> f64, windows: usize) -> (WindowTuner, Vec<u32>) {
+    run_with(&Touched::default(), |s, _| cost(s), windows)
+}
+
+fn log2(s: u32) -> f64 {
+    (s as f64).log2()
+}
+
+#[test]
+fn starts_in_the_middle_of_the_range_and_measures_it_before_trying_another() {
+    let (t, sets) = run(|_| 2.0, 2);
+    assert_eq!(t.home, 16);
+    assert_eq!(sets, [16, 16], "the first window is the program's start, the second the home's measure");
+}
+
+#[test]
+fn a_sweep_climbs_to_the_largest_unit() {
+    // Larger units fetch more per fault: the cost falls with the size.
+    let (t, _) = run(|s| 1.0 + 8.0 / (1.0 + log2(s)), 60);
+    assert_eq!(t.home, 256);
+}
+
+#[test]
+fn random_access_jumps_down_to_the_smallest_unit_in_few_windows() {
+    // Every fault fetches one useful page: the cost grows with the size (GNU sort at 25%).
+    let (t, sets) = run_with(&too_much(), |s, _| 20.0 + 10.0 * log2(s), 40);
+    assert_eq!(t.home, 1);
+    // Untouched units do not fit: the first look is down, by a jump (16 → 4), and the
+    // smallest size is home within a dozen windows.
+    assert_eq!(sets[2], 4);
+    let reached = sets.iter().position(|&s| s == 1).expect("tried");
+    assert!(reached <= 8, "first at 4 KiB in window {reached}: {sets:?}");
+    assert!(sets[12..].iter().filter(|&&s| s == 1).count() >= 20, "{sets:?}");
+}
+
+#[test]
+fn a_clearly_slower_jump_turns_the_search_around_at_once() {
+    // Untouched units do not fit, so the first look is down; but the program sweeps (numpy at
+    // 25%): smaller units are far slower, larger ones faster.
+    let (t, sets) = run_with(&too_much(), |s, _| 1.0 + 8.0 / (1.0 + log2(s)), 12);
+    assert_eq!(&sets[..5], [16, 16, 4, 16, 64], "home, home, trial down, home, trial up");
+    assert!(t.home >= 64, "{sets:?}");
+}
+
+#[test]
+fn settles_on_a_best_size_in_between_and_trials_thin_out() {
+    // Best at 32 (128 KiB): the cost grows by 15% per step away from it.
+    let cost = |s: u32| 1.15f64.powf((log2(s) - 5.0).abs());
+    let (t, sets) = run(cost, 400);
+    assert_eq!(t.home, 32);
+    // Once settled, each look costs at most two windows in each direction.
+    let late_trials = sets[300..].iter().filter(|&&s| s != 32).count();
+    assert!(late_trials <= (100 / MAX_SETTLE_WINDOWS as usize + 1) * 4, "{late_trials}");
+}
+
+#[test]
+fn a_program_slowing_down_by_phases_is_not_taken_for_a_better_size() {
+    // The same cost at every size, but each window 20% dearer or cheaper than the last, in
+    // long phases: the home windows on both sides of each trial move with it.
+    let (t, sets) = run(|_| 1.0, 1);
+    assert_eq!(t.home, sets[0]);
+    let drift =
+        |w: usize| if (w / 40) % 2 == 0 { 1.2f64.powi((w % 40) as i32) } else { 1.2f64.powi(40 - (w % 40) as i32) };
+    let (t, _) = run_with(&too_much(), |_, w| drift(w), 200);
+    assert_eq!(t.home, 16, "no size was faster, only the program's phases changed");
+}
+
+#[test]
+fn one_size_only_never_explores() {
+    let c = TunerConfig { min_set: 8, max_set: 8, ..cfg() };
+    let mut t = WindowTuner::new(&c);
+    for _ in 0..10 {
+        let d = t.on_window(&c, &Touched::default(), 0.5, u64::MAX);
+        assert_eq!(d.new_size, 8 * 4096);
+    }
+}
+
+#[test]
+fn a_window_without_program_time_counts_as_the_worst() {
+    let c = cfg();
+    let mut t = WindowTuner::new(&c);
+    for cost in [f64::NAN, f64::INFINITY, 0.0, -1.0, 3.0] {
+        let d = t.on_window(&c, &too_much(), cost, u64::MAX);
+        assert!(d.loop_time > 0.0 && d.loop_time.is_finite());
+    }
+}
+
+proptest! {
+    /// Whatever the measurements: the size stays in range; home only moves to the size just
+    /// tried, at most a first jump away, and says so; a trial is one window at a time.
+    #[test]
+    fn moves_are_measured_jumps_within_range(costs in proptest::collection::vec(0.01f64..100.0, 1..300)) {
+        let c = cfg();
+        let mut t = WindowTuner::new(&c);
+        let mut away = 0;
+        let mut last_tried = None;
+        for cost in costs {
+            let home = t.home;
+            let before = t.set();
+            if before != home {
+                last_tried = Some(before);
+            }
+            let d = t.on_window(&c, &too_much(), cost, u64::MAX);
+            let s = t.set();
+            prop_assert!(s >= c.min_set && s <= c.max_set);
+            if t.home != home {
+                prop_assert_eq!(d.reason, Reason::Better);
+                prop_assert_eq!(Some(t.home), last_tried);
+                let steps = (log2(t.home) - log2(home)).abs();
+                prop_assert!(steps >= 1.0 && steps <= FIRST_JUMP as f64);
+            }
+            away = if s != t.home { away + 1 } else { 0 };
+            prop_assert!(away <= 1);
+        }
+    }
+
+    /// With ±5% noise on a unimodal cost, the tuner ends within one step of the best size.
+    #[test]
+    fn finds_the_best_size_through_noise(best in 0u32..9, seed in 0u64..1000) {
+        let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+        let cost = move |s: u32, _| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let noise = ((x >> 33) as f64 / (1u64 << 31) as f64 - 0.5) * 0.1;
+            1.2f64.powf((log2(s) - best as f64).abs()) * (1.0 + noise)
+        };
+        let (t, _) = run_with(&Touched::default(), cost, 300);
+        let got = t.home.trailing_zeros() as i64;
+        prop_assert!((got - best as i64).abs() <= 1, "home 2^{} best 2^{}", got, best);
+    }
+}
