@@ -15,6 +15,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use crate::tune::window::TRIAL_WINDOW_DIVISOR;
 use crate::tune::{Decision, LoopState, Touched, TunerConfig, WindowTuner};
 
 /// The loop id of tuning windows.
@@ -87,10 +88,13 @@ impl Measure {
     pub fn fault(&mut self, took: Duration, now: Instant) -> bool {
         self.window_faults += 1;
         self.window_fault_time += took;
+        // A trial window is shorter: a size that turns out slower costs less of the program's
+        // time (`tune/window.rs`, "Cost").
+        let length = if self.window_state.trying() { self.window / TRIAL_WINDOW_DIVISOR } else { self.window };
         self.auto
             && self.active.is_none()
             && self.window_faults >= MIN_WINDOW_FAULTS
-            && now.duration_since(self.window_start) >= self.window
+            && now.duration_since(self.window_start) >= length
     }
 
     /// Close the window: decide from what it touched and its cost; returns the new set count.
@@ -160,8 +164,14 @@ mod tests {
         let ms = Duration::from_millis;
         assert_eq!(m.close_window(&touched, start + ms(20), ms(1005)), 4);
         assert_eq!(m.close_window(&touched, start + ms(40), ms(1010)), 1);
+        // The trial window closes after a quarter of a window (and enough faults).
+        for _ in 0..MIN_WINDOW_FAULTS {
+            assert!(!m.fault(Duration::from_micros(5), start + ms(42)));
+        }
+        assert!(m.fault(Duration::from_micros(5), start + ms(43)));
         assert_eq!(m.decisions.len(), 2);
         assert_eq!(m.decisions[0].loop_id, WINDOW_ID);
+        m.reset_window(start + ms(40), ms(1010));
         // Cost: wall per CPU second of the program: 20 ms for 5 ms of work.
         assert!((m.decisions[0].loop_time - 4.0).abs() < 1e-9, "{:?}", m.decisions[0]);
         assert_eq!(m.window_faults, 0);

@@ -48,8 +48,11 @@
 //! one in 23% of their faults, HPC Challenge, fastest at 64 KiB, in 54%.)
 //!
 //! # Cost
-//! A trial is at most two windows at another size; once settled, one trial per
-//! [`MAX_SETTLE_WINDOWS`] windows. Home only ever moves to a size measured faster.
+//! A trial is at most two windows at another size, each a quarter of a home window
+//! ([`TRIAL_WINDOW_DIVISOR`]): programs of a second or less (HPC Challenge at 5% local memory,
+//! numpy at 25%) have little to gain from another size and lost 20–28% of their time to full
+//! length trials. Once settled, one trial per [`MAX_SETTLE_WINDOWS`] windows. Home only ever
+//! moves to a size measured faster.
 
 use super::{Decision, Reason, Touched, TunerConfig};
 
@@ -61,6 +64,10 @@ pub const CLEARLY_BETTER: f64 = 0.75;
 pub const CLEARLY_WORSE: f64 = 1.25;
 /// The first look in a direction jumps this many steps (powers of two).
 pub const FIRST_JUMP: u32 = 2;
+/// A trial window is this many times shorter than a window at home (but sees as many faults at
+/// least, `measure::MIN_WINDOW_FAULTS`): a slower size costs the program less of its time, and
+/// the paired comparison is of rates, which do not depend on the windows' lengths.
+pub const TRIAL_WINDOW_DIVISOR: u32 = 4;
 /// The longest wait at home between trials once settled.
 pub const MAX_SETTLE_WINDOWS: u32 = 32;
 
@@ -110,6 +117,11 @@ impl WindowTuner {
             settle: 1,
             iterations: 0,
         }
+    }
+
+    /// Whether a trial window is running (another size than home in force).
+    pub fn trying(&self) -> bool {
+        matches!(self.phase, Phase::Trial { .. })
     }
 
     /// The set count in force now.
