@@ -343,13 +343,17 @@ impl Inner {
             let n = p - run_start;
             let off = (run_start - first) * b;
             let dirty = open.is_some_and(|o| (run_start..p).contains(&o));
-            // Received into the view by the program's one thread: hashed, not protected.
-            let hashed = !dirty && self.cfg.hash_clean && matches!(data, Fill::InView) && n * b <= HASH_MAX;
             let src = match data {
                 Fill::Data(d) => d[off..off + n * b].as_ptr(),
                 Fill::Zeros | Fill::InPlace(_) | Fill::InView => st.zeros.as_ptr(),
             };
             let a = st.areas[ai].as_ref().expect("live");
+            // Small clean units are hashed, not protected (module doc of `runtime.rs`, "Dirty
+            // tracking"): received into the view by the program's one thread, or copied in from
+            // a buffer or zeros. A copy's hash is taken of its source: the copy wakes the
+            // program, whose stores must show as a different hash at eviction.
+            let copied = matches!(data, Fill::Data(_) | Fill::Zeros) && a.staging.is_none() && self.uffd.is_some();
+            let hashed = !dirty && self.cfg.hash_clean && n * b <= HASH_MAX && (copied || matches!(data, Fill::InView));
             let dst = a.addr + run_start * b;
             let mut moved_hash = None;
             let r = match (&self.uffd, &a.staging) {
@@ -370,7 +374,7 @@ impl Inner {
                 (Some(u), _) => {
                     // SAFETY: src points at n*b readable bytes (the reply buffer or zeros,
                     // both at least one block long).
-                    unsafe { u.copy(dst, src, n * b, !dirty, true) }.map(|_| ())
+                    unsafe { u.copy(dst, src, n * b, !dirty && !hashed, true) }.map(|_| ())
                 }
                 (None, Some((stage, _))) => {
                     // SAFETY: the staging view covers the area; these pages are not yet
@@ -386,8 +390,10 @@ impl Inner {
             let clean_hash = moved_hash.or_else(|| {
                 hashed.then(|| {
                     st.stats.hashed_installs += 1;
-                    // SAFETY: the reply was received into [dst, dst + n*b), present and readable.
-                    unsafe { content_hash(self.hash_seed, dst, n * b) }
+                    // SAFETY: a copy's source is n*b readable bytes (above); a reply received
+                    // into the view is present and readable at [dst, dst + n*b), and nobody
+                    // else runs to write it (the program's one thread is serving this fault).
+                    unsafe { content_hash(self.hash_seed, if copied { src as usize } else { dst }, n * b) }
                 })
             });
             let entry =
