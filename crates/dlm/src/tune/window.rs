@@ -37,9 +37,9 @@
 //! far sizes are reached in few trials and the differences measured are large. A jump that was
 //! not faster is followed by a single step the same way, or, when it was clearly slower, by a
 //! jump the other way at once (the cost is unimodal in the size, as far as these programs
-//! show). A trial that won is followed at once by another jump the same way. When single steps both ways have lost,
-//! the home is settled and trials thin out (the wait doubles up to [`MAX_SETTLE_WINDOWS`]): a
-//! phase change later can still move it, at a small cost.
+//! show). A trial that won is followed at once by another jump the same way. When single steps
+//! both ways have lost, the home is settled and trials thin out (the wait doubles up to
+//! [`MAX_SETTLE_WINDOWS`]): a phase change later can still move it, at a small cost.
 //!
 //! Which way to look first comes from what the first measured window touched: if its units fit
 //! in local memory at the home size, reuse is kept and a larger unit may fetch more per fault —
@@ -137,7 +137,9 @@ impl WindowTuner {
     /// force from now on).
     pub fn on_window(&mut self, cfg: &TunerConfig, touched: &Touched, cost: f64, loop_id: u64) -> Decision {
         let cur = self.set();
-        let cost = if cost.is_finite() && cost > 0.0 { cost } else { f64::MAX };
+        // A window with no measure (no program time, a clock that failed) says nothing: a pair
+        // that has one is void, and the trial is made again.
+        let valid = |c: f64| c.is_finite() && c > 0.0;
         let (next, reason) = match self.phase {
             Phase::Home { left } if left > 1 => {
                 self.phase = Phase::Home { left: left - 1 };
@@ -155,8 +157,17 @@ impl WindowTuner {
                 self.phase = Phase::Back { set, before, trial: cost, pairs, sum_log, all_faster };
                 (self.home, Reason::Explore)
             }
+            Phase::Back { .. } | Phase::Trial { .. } if !valid(cost) => {
+                self.phase = Phase::Home { left: 1 };
+                (self.home, Reason::Explore)
+            }
+            Phase::Back { set, before, trial, .. } if !valid(before) || !valid(trial) => {
+                self.phase = Phase::Trial { set, before: cost, pairs: 0, sum_log: 0.0, all_faster: true };
+                (set, Reason::Explore)
+            }
             Phase::Back { set, before, trial, pairs, sum_log, all_faster } => {
-                let ratio = trial / (before * cost).sqrt();
+                // In logs: the geometric mean of two costs of up to f64::MAX does not overflow.
+                let ratio = (trial.ln() - 0.5 * (before.ln() + cost.ln())).exp();
                 let (pairs, sum_log) = (pairs + 1, sum_log + ratio.ln());
                 let all_faster = all_faster && ratio < 1.0;
                 let mean = (sum_log / pairs as f64).exp();
