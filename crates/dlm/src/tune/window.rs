@@ -157,7 +157,7 @@ impl WindowTuner {
                 self.phase = Phase::Back { set, before, trial: cost, pairs, sum_log, all_faster };
                 (self.home, Reason::Explore)
             }
-            Phase::Back { .. } | Phase::Trial { .. } if !valid(cost) => {
+            Phase::Back { .. } if !valid(cost) => {
                 self.phase = Phase::Home { left: 1 };
                 (self.home, Reason::Explore)
             }
