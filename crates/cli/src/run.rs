@@ -50,8 +50,9 @@ pub struct DlmOptions {
     /// Most bytes of the program's DLM memory kept on this host.
     #[arg(long, default_value = "64M")]
     local_mem: String,
-    /// The paging unit: a size (4K..64M, a power of two), or `auto`: start at --max-page-size
-    /// and let the tuner follow the program down to 4 KiB.
+    /// The paging unit: a size (4K..64M, a power of two), or `auto`: the tuner tries sizes from
+    /// 4 KiB to --max-page-size while the program runs, starting in the middle, and keeps the
+    /// one it measures fastest (docs/dlm.md).
     #[arg(long, default_value = "auto")]
     page_size: String,
     /// Largest unit under `--page-size auto`.
