@@ -44,8 +44,8 @@
 //! zeros, are not protected at all (`Config::hash_clean`): the runtime keeps a hash of their
 //! bytes (xxh3, keyed per runtime; a copy's taken of its source, since the copy wakes the
 //! program) and eviction hashes them again — equal: clean, dropped; different: written home.
-//! Protected instead, the 4 KiB solver of `dlm-programs` took 15,000 first-write faults on the
-//! handler thread (for 10,000 missing-page faults) and ran 1.16× the library's time. Protecting
+//! Protected instead, copies cost the 4 KiB solver of `dlm-programs` 15,000 first-write faults
+//! (for 10,000 missing-page faults), each a round trip through the handler thread. Protecting
 //! a few pages costs a TLB flush per page on this VM (`HASH_MAX`), on the fault's critical
 //! path, and their first write would cost a fault; hashing is cheaper up to 128 KiB and moves
 //! half its cost to eviction. A written unit keeps its hash with probability 2^-64. Eviction
