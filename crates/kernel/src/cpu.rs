@@ -134,6 +134,8 @@ impl CpuClock {
     /// The calling process's clock (CLOCK_PROCESS_CPUTIME_ID): exact, in nanoseconds, also
     /// with tick-based user/system accounting, which only splits the total by samples.
     pub const PROCESS: CpuClock = CpuClock(libc::CLOCK_PROCESS_CPUTIME_ID);
+    /// The clock of whichever thread reads it (CLOCK_THREAD_CPUTIME_ID).
+    pub const THREAD: CpuClock = CpuClock(libc::CLOCK_THREAD_CPUTIME_ID);
 
     /// The calling thread's clock, by id, so that other threads can read it too.
     pub fn this_thread() -> Result<CpuClock> {
@@ -344,7 +346,7 @@ mod tests {
         while clock.now() < std::time::Duration::from_millis(30) && t.elapsed() < std::time::Duration::from_secs(30) {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        let (worker_cpu, reader_cpu) = (clock.now(), CpuClock(libc::CLOCK_THREAD_CPUTIME_ID).now());
+        let (worker_cpu, reader_cpu) = (clock.now(), CpuClock::THREAD.now());
         assert!(worker_cpu >= std::time::Duration::from_millis(30), "{worker_cpu:?}");
         // This (sleeping) thread used far less; the process clock has the worker's time in it.
         assert!(reader_cpu < worker_cpu, "reader {reader_cpu:?}, worker {worker_cpu:?}");

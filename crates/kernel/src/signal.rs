@@ -342,10 +342,7 @@ pub fn reset_handler(sig: i32) -> Result<()> {
 
 /// CPU time consumed by the calling thread (CLOCK_THREAD_CPUTIME_ID).
 pub fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: ts is a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    crate::cpu::CpuClock::THREAD.now()
 }
 
 /// Whether process `pid` exists (kill(pid, 0); EPERM still means it exists).
