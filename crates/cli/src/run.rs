@@ -250,15 +250,21 @@ pub(crate) fn libpagewise() -> Result<PathBuf> {
 
 /// A shared object carried in this binary (the shim, the PMIx exchange), written to a private
 /// directory of this run (mkdtemp, mode 0700: no other user can plant or redirect anything
-/// there; issue 23), removed with it when the run ends.
+/// there; issue 23), removed with it when the run ends. The directories of runs that were
+/// killed before they could remove theirs are removed by the next run
+/// ([`pagewise_kernel::private_dir::sweep_abandoned`]).
 pub(crate) struct EmbeddedFile {
     pub(crate) dir: PrivateDir,
     pub(crate) path: PathBuf,
 }
 
+/// The tag of the runs' private directories (`/tmp/pagewise-run.XXXXXX`).
+const RUN_DIR_TAG: &str = "run";
+
 impl EmbeddedFile {
     pub(crate) fn write(bytes: &[u8], name: &str) -> Result<Self> {
-        let dir = PrivateDir::new("run").context("creating the run's private directory")?;
+        pagewise_kernel::private_dir::sweep_abandoned(RUN_DIR_TAG, std::time::Duration::from_secs(60));
+        let dir = PrivateDir::new(RUN_DIR_TAG).context("creating the run's private directory")?;
         let path = dir.join(name);
         dir.create_file(name)
             .map_err(anyhow::Error::from)

@@ -3,8 +3,9 @@
 //! to and from a memory server — a matrix multiply and a stencil on malloc'd arrays, a large
 //! static array under --bss, fork + exec, threads, and read(2)/fread into DLM memory. Also:
 //! unreachable servers are reported before the program starts, a program with no eligible
-//! allocation runs normally with a warning, and the tuner's decisions are the started
-//! program's even when a process it started ends later.
+//! allocation runs normally with a warning, the tuner's decisions are the started
+//! program's even when a process it started ends later, and the private directory of a run
+//! killed with its program is removed by the next run.
 
 mod common;
 
@@ -195,4 +196,35 @@ echo ENV-ONLY"#;
     let out = under_run(&["--spawn-servers", "2"], Path::new("/bin/sh"), &["-c", script]);
     let so = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && so.contains("ENV-ONLY"), "{so}\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A run SIGKILLed together with its program (as an experiment stops one at its time budget)
+/// cannot remove its private directory; the next `pagewise run` does, once it is a minute old.
+#[test]
+fn the_next_run_removes_the_directory_of_a_killed_run() {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
+    ensure_libpagewise();
+    let mut child = Command::new(pagewise())
+        .args(["run", "--", "/bin/sh", "-c", "echo \"$LD_PRELOAD\"; exec sleep 600"])
+        .process_group(0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let shim = Path::new(line.trim().split(':').next().unwrap()).to_path_buf();
+    let dir = shim.parent().unwrap().to_path_buf();
+    assert!(dir.file_name().unwrap().to_str().unwrap().starts_with("pagewise-run."), "{line}");
+    // SAFETY: kill(2) takes no pointers; the group is the wrapper's own (process_group(0)).
+    assert_eq!(unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) }, 0);
+    child.wait().unwrap();
+    assert!(shim.is_file(), "a SIGKILLed run cannot have removed {}", dir.display());
+    let aged = Command::new("touch").args(["-d", "2 minutes ago"]).arg(&dir).status().unwrap();
+    assert!(aged.success());
+    let next = under_run(&[], Path::new("/bin/true"), &[]);
+    assert!(next.status.success(), "{}", String::from_utf8_lossy(&next.stderr));
+    assert!(!dir.exists(), "the next run left the killed run's {}", dir.display());
 }

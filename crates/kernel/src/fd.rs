@@ -102,6 +102,23 @@ pub fn lock_exclusive(file: &File) -> Result<()> {
     }
 }
 
+/// Take an exclusive advisory lock on `file` if no other open file description holds one
+/// (flock(2) LOCK_EX|LOCK_NB): `Ok(false)` when one does. Released as [`lock_exclusive`]'s is.
+pub fn try_lock_exclusive(file: &File) -> Result<bool> {
+    loop {
+        // SAFETY: flock on a descriptor the borrowed File keeps open.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EWOULDBLOCK) => return Ok(false),
+            Some(libc::EINTR) => continue,
+            _ => return Err(Error::Syscall { call: "flock", source: e }),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,11 +153,9 @@ mod tests {
         let a = File::create(&path).unwrap();
         lock_exclusive(&a).unwrap();
         let b = File::open(&path).unwrap();
-        // SAFETY: a non-blocking flock probe on a descriptor b keeps open.
-        let busy = unsafe { libc::flock(b.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        assert_eq!(busy, -1, "the second open file must not get the lock");
+        assert!(!try_lock_exclusive(&b).unwrap(), "the second open file must not get the lock");
         drop(a);
-        lock_exclusive(&b).unwrap();
+        assert!(try_lock_exclusive(&b).unwrap());
         std::fs::remove_file(&path).unwrap();
     }
 }

@@ -8,12 +8,18 @@
 //! predict, created with mkdir(2), which fails rather than reuse anything that exists, mode
 //! 0700 — and files are created in it with `O_CREAT|O_EXCL|O_NOFOLLOW` ([`create_new_file`]),
 //! which never opens what is already there and never follows a symlink.
+//!
+//! A process killed by SIGKILL runs no destructor, so its directory stays behind (an
+//! experiment that stops a program's whole process group at its time budget leaves one per
+//! run). Each directory is therefore held, with flock(2) on it, for as long as the process
+//! that made it lives; [`sweep_abandoned`] removes the ones whose maker is gone.
 
 use std::ffi::{CString, OsString};
 use std::fs::File;
 use std::os::fd::FromRawFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 
@@ -23,6 +29,9 @@ use crate::error::{Error, Result};
 pub struct PrivateDir {
     path: PathBuf,
     keep: bool,
+    /// The directory, open (close-on-exec: the programs this process starts do not inherit
+    /// it) and flock(2)ed while this value lives: taken by no one else, it is abandoned.
+    _held: File,
 }
 
 impl PrivateDir {
@@ -49,7 +58,11 @@ impl PrivateDir {
             return Err(Error::last_os("mkdtemp"));
         }
         bytes.pop();
-        Ok(PrivateDir { path: PathBuf::from(OsString::from_vec(bytes)), keep: false })
+        let path = PathBuf::from(OsString::from_vec(bytes));
+        let held = hold(&path).inspect_err(|_| {
+            let _ = std::fs::remove_dir(&path);
+        })?;
+        Ok(PrivateDir { path, keep: false, _held: held })
     }
 
     pub fn path(&self) -> &Path {
@@ -70,7 +83,8 @@ impl PrivateDir {
         create_new_file(&self.path.join(name), 0o600)
     }
 
-    /// Leave the directory in place when this is dropped; returns its path.
+    /// Leave the directory in place when this is dropped, no longer held (a kept directory
+    /// must not have a tag [`sweep_abandoned`] is called with); returns its path.
     pub fn keep(mut self) -> PathBuf {
         self.keep = true;
         self.path.clone()
@@ -83,6 +97,66 @@ impl Drop for PrivateDir {
             let _ = std::fs::remove_dir_all(&self.path);
         }
     }
+}
+
+/// Open directory `path` (never through a symlink) and lock it with flock(2), without waiting:
+/// `Ok(None)` when another open file holds it.
+fn try_hold(path: &Path) -> Result<Option<File>> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| Error::Invalid(format!("path {} contains NUL", path.display())))?;
+    // SAFETY: `c` is a valid NUL-terminated path; no mode argument without O_CREAT.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(Error::last_os("open(O_DIRECTORY|O_NOFOLLOW)"));
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    let dir = unsafe { File::from_raw_fd(fd) };
+    Ok(crate::fd::try_lock_exclusive(&dir)?.then_some(dir))
+}
+
+/// Hold a directory this process just made (nobody else can hold it yet).
+fn hold(path: &Path) -> Result<File> {
+    try_hold(path)?.ok_or_else(|| Error::Invalid(format!("{} is locked by another process", path.display())))
+}
+
+/// Remove the directories `pagewise-{tag}.XXXXXX` in the system's temporary directory that
+/// this user made with [`PrivateDir::new`] and no live process holds: their maker was killed
+/// before it could remove them. Only directories (never a symlink) owned by this user, of
+/// mode 0700, last changed more than `grace` ago (the instant between mkdtemp and flock in
+/// [`PrivateDir::new_in`]); a directory being swept is held, so two sweeps never collide.
+/// A process the killed maker started may still be running: a file it reads later from
+/// there is gone (a preload shim for the programs it starts then is not found, and ld.so
+/// runs them without it). Returns how many were removed.
+pub fn sweep_abandoned(tag: &str, grace: Duration) -> usize {
+    sweep_abandoned_in(&std::env::temp_dir(), tag, grace)
+}
+
+fn sweep_abandoned_in(parent: &Path, tag: &str, grace: Duration) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let prefix = format!("pagewise-{tag}.");
+    let Ok(entries) = std::fs::read_dir(parent) else { return 0 };
+    // SAFETY: no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(suffix) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else { continue };
+        if suffix.len() != 6 {
+            continue;
+        }
+        let path = entry.path();
+        let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
+        let old_enough = meta.modified().ok().and_then(|m| m.elapsed().ok()).is_some_and(|age| age >= grace);
+        if !meta.is_dir() || meta.uid() != me || meta.mode() & 0o7777 != 0o700 || !old_enough {
+            continue;
+        }
+        if let Ok(Some(_held)) = try_hold(&path) {
+            if std::fs::remove_dir_all(&path).is_ok() {
+                removed += 1;
+            }
+        }
+    }
+    removed
 }
 
 /// Create `path` for writing with `O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC` and `mode`: fails with
@@ -139,6 +213,31 @@ mod tests {
         let kept = b.keep();
         assert!(kept.exists());
         std::fs::remove_dir_all(kept).unwrap();
+    }
+
+    #[test]
+    fn a_sweep_removes_only_abandoned_directories_of_its_tag() {
+        let parent = PrivateDir::new("sweep-parent").unwrap();
+        let live = PrivateDir::new_in(parent.path(), "swept").unwrap();
+        let abandoned = PrivateDir::new_in(parent.path(), "swept").unwrap();
+        std::fs::write(abandoned.join("shim.so"), b"x").unwrap();
+        let abandoned = abandoned.keep(); // as a SIGKILLed maker leaves it: in place, unheld
+        let other_tag = PrivateDir::new_in(parent.path(), "kept").unwrap().keep();
+        // Not ours to judge: a symlink to an abandoned directory, and a directory others may read.
+        let target = PrivateDir::new_in(parent.path(), "target").unwrap().keep();
+        std::os::unix::fs::symlink(&target, parent.join("pagewise-swept.linkxx")).unwrap();
+        let open = PrivateDir::new_in(parent.path(), "swept").unwrap().keep();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+        assert_eq!(sweep_abandoned_in(parent.path(), "swept", Duration::from_secs(3600)), 0, "all too young");
+        assert_eq!(sweep_abandoned_in(parent.path(), "swept", Duration::ZERO), 1);
+        assert!(!abandoned.exists());
+        for kept in [live.path(), other_tag.as_path(), target.as_path(), open.as_path()] {
+            assert!(kept.is_dir(), "{} was removed", kept.display());
+        }
+        assert!(parent.join("pagewise-swept.linkxx").symlink_metadata().is_ok());
+        drop(live);
+        assert_eq!(sweep_abandoned_in(parent.path(), "swept", Duration::ZERO), 0, "dropped: removed by its maker");
     }
 
     #[test]
