@@ -93,6 +93,9 @@ struct Run {
     daemon_cpu_s: f64,
     daemon_wait_s: f64,
     daemon_passes: u64,
+    /// The worker's wake-ups in all, and those its usage threshold caused.
+    daemon_wakeups: u64,
+    daemon_threshold_wakeups: u64,
     collector_cpu_s: f64,
     charged_mib: f64,
     max_low_mib: f64,
@@ -171,6 +174,8 @@ fn run_once(setup: Setup, pattern: Pattern, sz: &Sizes, dir: &std::path::Path, r
         daemon_cpu_s: w.map_or(0.0, |w| w.sched.on_cpu_ns as f64 / 1e9),
         daemon_wait_s: w.map_or(0.0, |w| w.sched.run_queue_wait_ns as f64 / 1e9),
         daemon_passes: w.map_or(0, |w| w.reclaim_passes),
+        daemon_wakeups: w.map_or(0, |w| w.wakeups),
+        daemon_threshold_wakeups: w.map_or(0, |w| w.threshold_wakeups),
         collector_cpu_s: agg.drain_sched.on_cpu_ns as f64 / 1e9,
         charged_mib,
         max_low_mib: w.map_or(0.0, |w| w.max_low_mib),
@@ -286,7 +291,8 @@ impl Experiment for ReclaimSplit {
                         "daemon_reclaimed_mib": r.daemon_reclaimed_mib, "slab_passes": r.slab_passes, "max_pass_ms": r.max_pass_ms,
                         "workers_cpu_s": r.workers_cpu_s, "workers_run_queue_wait_s": r.workers_wait_s,
                         "reclaimd_cpu_s": r.daemon_cpu_s, "reclaimd_run_queue_wait_s": r.daemon_wait_s,
-                        "reclaimd_passes": r.daemon_passes, "collector_cpu_s": r.collector_cpu_s,
+                        "reclaimd_passes": r.daemon_passes, "reclaimd_wakeups": r.daemon_wakeups,
+                        "reclaimd_threshold_wakeups": r.daemon_threshold_wakeups, "collector_cpu_s": r.collector_cpu_s,
                         "charged_mib": r.charged_mib, "reclaimd_max_low_mib": r.max_low_mib,
                     })).collect::<Vec<_>>(),
                 }));
@@ -327,7 +333,7 @@ impl Experiment for ReclaimSplit {
         });
         report.note(format!(
             "Memory cgroup (v1, kmem accounted) of {} MiB; {} worker threads over {} files of {} KiB ({:.0} MiB); standard: 20% lookups (one existing, one missing name), 70% reads, 10% rewrites; \
-             slab-heavy: 90% lookups. split reclaim: reclaimd worker (SCHED_FIFO, core 0) keeps {} of headroom (more when the charge rate asks, at most 10% of the limit; usage threshold, timer 2 ms) by cgroup-v1 limit lowering in batches of at most 10 ms; \
+             slab-heavy: 90% lookups. split reclaim: reclaimd worker (SCHED_FIFO, core 0) keeps {} of headroom (more when the charge rate asks, at most 10% of the limit; usage threshold; timer 2 ms while reclaiming, 10 ms otherwise) by cgroup-v1 limit lowering in batches of at most 10 ms; \
              slab batches of 4 MiB with vfs_cache_pressure 1000 for the batch when the group's kernel memory reaches 50% of the limit. \
              Charged MiB: pages the group charged (v1 total_pgpgin): cache misses and writes, so headroom kept free shows as more of them. \
              Worker threads are not pinned; the 2 cores are shared with other work.",
