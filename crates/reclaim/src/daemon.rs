@@ -7,8 +7,7 @@
 //!   limit-lowering trick ([`MemCgroup::reclaim_in_caller`]): the memcg reclaim runs in the
 //!   writer, i.e. on the reclaim core, while the group's own tasks keep finding headroom.
 //!   On v1 the worker also wakes the moment usage crosses its low watermark (a usage
-//!   threshold eventfd), not only on its timer, which then only samples while no reclaim runs
-//!   ([`idle_sleep`]).
+//!   threshold eventfd), not only on its timer.
 //!   - *Headroom sized to the load*: a fixed headroom cannot hold against an unknown rate, so
 //!     the watermarks are raised to what the group charges (v1 `total_pgpgin` per second)
 //!     during the worker's reaction time (its wake-up plus its last passes), the way
@@ -53,8 +52,8 @@ use serde::Serialize;
 
 use crate::config::{Config, ScopeKind};
 use crate::policy::{
-    idle_sleep, kernel_watermarks, rate_sized_watermarks, safe_reclaim_pages, ChargeRate, GroupMemory, Hysteresis,
-    PerCoreTable, Watermarks, ZoneShape,
+    kernel_watermarks, rate_sized_watermarks, safe_reclaim_pages, ChargeRate, GroupMemory, Hysteresis, PerCoreTable,
+    Watermarks, ZoneShape,
 };
 use crate::tree::Tree;
 
@@ -399,9 +398,7 @@ fn worker_loop(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared, mut 
     // timer: the hysteresis is still running and the load is still charging.
     let mut again = false;
     while !shared.stop.load(Ordering::Acquire) {
-        let reclaiming = hyst.values().any(|h| h.active);
-        let timeout =
-            if again { Duration::ZERO } else { idle_sleep(cfg.interval, load.threshold.is_some(), reclaiming) };
+        let timeout = if again { Duration::ZERO } else { cfg.interval };
         match (&load.threshold, &psi) {
             (Some(t), _) => rep.threshold_wakeups += u64::from(t.wait(timeout).unwrap_or(false)),
             (None, Some(p)) => rep.psi_wakeups += u64::from(p.wait(timeout).unwrap_or(false)),

@@ -15,7 +15,6 @@
 //! [SWAP_CLUSTER_MAX, 128]. The per-core low/high are floor(min * ratio / 100) of that zone min.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -385,26 +384,6 @@ pub fn rate_sized_watermarks(base: Watermarks, rate_pages_per_s: f64, reaction_s
     Watermarks { min: base.min.min(low), low, high }
 }
 
-/// How long a cgroup-scope worker sleeps before its next look when nothing is pending (no
-/// pass to follow at once). Without a usage threshold only the timer can notice the headroom
-/// falling, so it is `interval`. With one, the kernel wakes the worker the moment usage
-/// crosses its low watermark, and while no hysteresis is running the timer only samples the
-/// charge rate (over windows of [`ChargeRate::WINDOW_S`]) and the group's slab. On the
-/// slab-heavy file-server load (`pagewise eval reclaim-split`: 3 s runs with a few slab batches
-/// and no page reclaim) a 2 ms timer cost the real-time worker 0.30 s of CPU a run, taken from
-/// the workload on 2 cores (job time 1.12× the kernel's); at 10 ms, 0.13–0.17 s (1.04×).
-pub fn idle_sleep(interval: Duration, threshold_armed: bool, reclaiming: bool) -> Duration {
-    if threshold_armed && !reclaiming {
-        interval.max(ARMED_SAMPLE)
-    } else {
-        interval
-    }
-}
-
-/// The timer of a worker its usage threshold wakes ([`idle_sleep`]): five looks per
-/// charge-rate window.
-pub const ARMED_SAMPLE: Duration = Duration::from_millis(10);
-
 /// What a group's memory is made of, in pages, as far as reclaim is concerned.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct GroupMemory {
@@ -619,16 +598,6 @@ mod tests {
         let seen: Vec<f64> = (1..=25u64).map(|i| flood.observe(i * 1000, 0.002)).collect();
         assert!((seen[9] - 200_000.0).abs() < 1.0, "{}", seen[9]);
         assert!((seen[24] - 500_000.0).abs() < 1.0, "{}", seen[24]);
-    }
-
-    #[test]
-    fn only_an_armed_idle_worker_sleeps_longer_than_its_interval() {
-        let two = Duration::from_millis(2);
-        assert_eq!(idle_sleep(two, true, false), ARMED_SAMPLE);
-        assert_eq!(idle_sleep(two, false, false), two, "the timer is all that notices the headroom falling");
-        assert_eq!(idle_sleep(two, true, true), two, "a running hysteresis keeps the configured pace");
-        let slow = Duration::from_millis(50);
-        assert_eq!(idle_sleep(slow, true, false), slow, "never more often than configured");
     }
 
     #[test]

@@ -333,7 +333,7 @@ impl Experiment for ReclaimSplit {
         });
         report.note(format!(
             "Memory cgroup (v1, kmem accounted) of {} MiB; {} worker threads over {} files of {} KiB ({:.0} MiB); standard: 20% lookups (one existing, one missing name), 70% reads, 10% rewrites; \
-             slab-heavy: 90% lookups. split reclaim: reclaimd worker (SCHED_FIFO, core 0) keeps {} of headroom (more when the charge rate asks, at most 10% of the limit; usage threshold; timer 2 ms while reclaiming, 10 ms otherwise) by cgroup-v1 limit lowering in batches of at most 10 ms; \
+             slab-heavy: 90% lookups. split reclaim: reclaimd worker (SCHED_FIFO, core 0) keeps {} of headroom (more when the charge rate asks, at most 10% of the limit; usage threshold, timer 2 ms) by cgroup-v1 limit lowering in batches of at most 10 ms; \
              slab batches of 4 MiB with vfs_cache_pressure 1000 for the batch when the group's kernel memory reaches 50% of the limit. \
              Charged MiB: pages the group charged (v1 total_pgpgin): cache misses and writes, so headroom kept free shows as more of them. \
              Worker threads are not pinned; the 2 cores are shared with other work.",
