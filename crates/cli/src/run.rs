@@ -258,7 +258,7 @@ pub(crate) struct EmbeddedFile {
     pub(crate) path: PathBuf,
 }
 
-/// The tag of the runs' private directories (`/tmp/pagewise-run.XXXXXX`).
+/// The tag of the runs' private directories (`/tmp/pagewise-run.` and six random characters).
 const RUN_DIR_TAG: &str = "run";
 
 impl EmbeddedFile {

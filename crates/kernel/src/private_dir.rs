@@ -119,7 +119,7 @@ fn hold(path: &Path) -> Result<File> {
     try_hold(path)?.ok_or_else(|| Error::Invalid(format!("{} is locked by another process", path.display())))
 }
 
-/// Remove the directories `pagewise-{tag}.XXXXXX` in the system's temporary directory that
+/// Remove the directories `pagewise-{tag}.` + six characters (mkdtemp) in the temporary directory that
 /// this user made with [`PrivateDir::new`] and no live process holds: their maker was killed
 /// before it could remove them. Only directories (never a symlink) owned by this user, of
 /// mode 0700, last changed more than `grace` ago (the instant between mkdtemp and flock in
