@@ -2,10 +2,11 @@
 //! and write-back.
 //!
 //! Where things are: this file holds the API (`Dlm`) and the runtime's state; `runtime/area.rs`
-//! makes and unmakes areas; `runtime/fault.rs` is the fault path (handler thread, `serve`);
-//! `runtime/install.rs` requests units and installs their replies; `runtime/evict.rs` makes
-//! room (eviction, write-back, reference sampling); `runtime/frames.rs` keeps evicted units'
-//! frames; `runtime/remote.rs` the connections and the checking of every reply.
+//! makes and unmakes areas; `runtime/start.rs` starts the runtime; `runtime/fault.rs` is the
+//! fault path (handler thread, `serve`); `runtime/install.rs` requests units and installs
+//! their replies; `runtime/evict.rs` makes room (eviction, write-back, reference sampling);
+//! `runtime/frames.rs` keeps evicted units' frames; `runtime/remote.rs` the connections and
+//! the checking of every reply; `runtime/tuning.rs` the unit size's loops and decisions.
 //!
 //! # How a fault is served
 //! All state sits behind one mutex (`State`); a fault is served by whoever receives it — the
@@ -111,14 +112,13 @@
 //! Reply headers are busy-polled briefly before the thread sleeps (`TcpTransport`): on a VM a
 //! wake-up costs about as much as a small transfer.
 
-use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use pagewise_kernel::mem::Mapping;
-use pagewise_kernel::uffd::{feature, Uffd, UffdBuilder};
+use pagewise_kernel::uffd::Uffd;
 
 pub use pagewise_kernel::colocate::PROGRAM_CPUS_ENV;
 
@@ -130,6 +130,8 @@ mod install;
 mod ranges;
 mod redundant;
 mod remote;
+mod start;
+mod tuning;
 
 use evict::Run;
 use frames::Frames;
@@ -161,7 +163,6 @@ use crate::clock::Clock;
 use crate::config::{Config, FaultMode};
 use crate::layout::Layout;
 use crate::proto::{Header, Opcode};
-use crate::transport::TcpTransport;
 use crate::DlmError;
 
 /// A second mapping of an area's memfd, and the memfd.
@@ -367,194 +368,15 @@ pub struct Dlm {
     signal: Option<crate::signals::Installed>,
 }
 
-use fault::handler_thread;
 pub(crate) use fault::Served;
 use remote::Conn;
+use tuning::write_decisions;
 
 /// The runtime the signal handlers serve; set while a signal mode is active.
 pub(crate) static ACTIVE: AtomicPtr<Inner> = AtomicPtr::new(std::ptr::null_mut());
 static INITIALISED: AtomicBool = AtomicBool::new(false);
 
-/// Open the userfaultfd for `mode`; returns it and whether it handles user-mode faults only.
-///
-/// Without CAP_SYS_PTRACE and with vm.unprivileged_userfaultfd=0, userfaultfd(2) is still
-/// allowed with UFFD_USER_MODE_ONLY (Linux 5.11, fs/userfaultfd.c userfaultfd_syscall_allowed).
-/// Such a descriptor does not see faults taken inside the kernel (a read(2) into a missing DLM
-/// page gets EFAULT) — which the SIGBUS mode cannot serve anyway — so an unprivileged program
-/// still gets the userfaultfd path; PROT_NONE + SIGSEGV remains for kernels or sandboxes
-/// (e.g. container seccomp profiles) where userfaultfd cannot be opened at all.
-/// `kernel_features`: what the kernel's userfaultfd offers (queried once by the caller).
-fn open_uffd(mode: FaultMode, shmem: bool, kernel_features: u64) -> Result<(Uffd, bool), pagewise_kernel::Error> {
-    let builder = |user_mode_only: bool| {
-        let mut b = UffdBuilder::new()
-            .require(feature::PAGEFAULT_FLAG_WP | (feature::MOVE & kernel_features))
-            .user_mode_only(user_mode_only);
-        if shmem {
-            b = b.require(feature::MISSING_SHMEM | feature::MINOR_SHMEM | feature::WP_HUGETLBFS_SHMEM);
-        }
-        if mode == FaultMode::Sigbus {
-            b.require(feature::SIGBUS)
-        } else {
-            // The faulting thread's id: the handler keeps it company (`runtime/colocate.rs`).
-            b.require(feature::THREAD_ID & kernel_features).nonblocking(true)
-        }
-    };
-    match builder(false).open() {
-        Ok(u) => Ok((u, false)),
-        Err(first) => builder(true).open().map(|u| (u, true)).map_err(|_| first),
-    }
-}
-
 impl Dlm {
-    /// Connect to the servers and start serving faults.
-    pub fn init(cfg: Config) -> Result<Dlm, DlmError> {
-        cfg.validate()?;
-        if INITIALISED.swap(true, Ordering::AcqRel) {
-            return Err(DlmError::AlreadyInitialised);
-        }
-        match Self::start(cfg) {
-            Ok(d) => Ok(d),
-            Err(e) => {
-                INITIALISED.store(false, Ordering::Release);
-                Err(e)
-            }
-        }
-    }
-
-    fn start(cfg: Config) -> Result<Dlm, DlmError> {
-        if cfg.colocate {
-            pagewise_kernel::colocate::widen_inherited_mask();
-        }
-        // Areas are anonymous memory with a shadow when the kernel has UFFDIO_MOVE (armed
-        // units wait in the shadow). They are memfd-backed — shmem userfaultfd (MISSING, MINOR
-        // and WP on shmem) — for zero-copy, and for reference sampling without UFFDIO_MOVE.
-        let kernel_features = pagewise_kernel::uffd::api_info().map_or(0, |i| i.features);
-        let has_move = kernel_features & feature::MOVE != 0;
-        let open = |m: FaultMode| -> Result<(Uffd, bool, bool), pagewise_kernel::Error> {
-            if cfg.zero_copy || (cfg.sample_references && !has_move) {
-                if let Ok((u, umo)) = open_uffd(m, true, kernel_features) {
-                    return Ok((u, umo, true));
-                }
-            }
-            open_uffd(m, false, kernel_features).map(|(u, umo)| (u, umo, false))
-        };
-        let (mode, uffd, user_mode_only, memfd) = match cfg.fault_mode {
-            FaultMode::Sigsegv => (FaultMode::Sigsegv, None, false, false),
-            FaultMode::Auto => match open(FaultMode::Sigbus) {
-                Ok((u, umo, zc)) => (FaultMode::Sigbus, Some(u), umo, zc),
-                Err(_) => (FaultMode::Sigsegv, None, false, false),
-            },
-            m => {
-                let (u, umo, zc) = open(m).map_err(DlmError::Kernel)?;
-                (m, Some(u), umo, zc)
-            }
-        };
-        let mut links: Vec<(Box<dyn crate::transport::Transport>, String)> = Vec::new();
-        for addr in &cfg.servers {
-            let t = TcpTransport::open(addr, cfg.secret.as_ref(), cfg.fault_timeout)
-                .map_err(|e| DlmError::Connect { server: addr.clone(), source: e })?;
-            links.push((Box::new(t), addr.clone()));
-        }
-        // With redundancy the servers are one home to the rest of the runtime: the transport
-        // spreads each unit's pieces over them (`runtime/redundant.rs`).
-        if cfg.redundancy.is_redundant() {
-            let r = redundant::Redundant::new(cfg.redundancy, cfg.base_page, cfg.max_set as usize, links)
-                .map_err(DlmError::Config)?;
-            let name = crate::transport::Transport::peer(&r);
-            links = vec![(Box::new(r), name)];
-        }
-        let conns: Vec<Conn> = links
-            .into_iter()
-            .map(|(t, addr)| Conn {
-                t,
-                addr,
-                next_id: 1,
-                pending: VecDeque::with_capacity(MAX_PENDING),
-                corked: Vec::with_capacity(MAX_PENDING),
-            })
-            .collect();
-        let zero_copy = memfd && cfg.zero_copy;
-        let moving = !memfd && uffd.as_ref().is_some_and(|u| u.has(feature::MOVE));
-        let threads = if moving { pagewise_kernel::procfs::ThreadCount::open().ok() } else { None };
-        let max_units = cfg.local_mem / cfg.base_page + 1;
-        let tuner = crate::tune::TunerConfig {
-            base_page: cfg.base_page,
-            local_mem: cfg.local_mem,
-            min_set: cfg.min_set,
-            max_set: cfg.max_set,
-        };
-        let measure = crate::measure::Measure::new(
-            tuner,
-            cfg.auto_tune,
-            cfg.tune_window,
-            mode != FaultMode::HandlerThread,
-            pagewise_kernel::cpu::CpuClock::PROCESS.now(),
-        );
-        // Tuned over windows, the unit starts where the window tuner starts (`tune/window.rs`).
-        let set_count = if cfg.auto_tune { measure.window_state.set() } else { cfg.set_count };
-        let state = State {
-            measure,
-            handler_clock: None,
-            conns,
-            areas: Vec::new(),
-            clock: Clock::with_capacity(max_units),
-            frames: Frames::with_capacity(1024),
-            borrowed: Vec::with_capacity(MAX_PENDING),
-            sole_thread: None,
-            move_ins: MoveIns::default(),
-            set_count,
-            resident: 0,
-            buf: vec![0u8; cfg.block()],
-            zeros: vec![0u8; cfg.block()],
-            stats: Stats {
-                mode: mode.name(),
-                install: match (mode, zero_copy, moving) {
-                    (FaultMode::Sigsegv, ..) => "mprotect",
-                    (_, true, _) => "continue",
-                    (_, false, true) if cfg.move_install => "move",
-                    (_, false, _) => "copy",
-                },
-                uffd_user_mode_only: user_mode_only,
-                base_page: cfg.base_page,
-                max_set: cfg.max_set,
-                local_limit: cfg.local_mem,
-                ..Default::default()
-            },
-        };
-        let inner = Arc::new(Inner {
-            cfg,
-            mode,
-            memfd,
-            zero_copy,
-            moving,
-            threads,
-            hash_seed: std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), 0u64),
-            uffd,
-            state: Mutex::new(state),
-            stop: AtomicBool::new(false),
-            owner: std::process::id(),
-        });
-        let mut dlm = Dlm { inner: Arc::clone(&inner), handler: None, signal: None };
-        match mode {
-            FaultMode::HandlerThread => {
-                let i = Arc::clone(&inner);
-                let h = pagewise_kernel::signal::spawn_blocking_signals(
-                    std::thread::Builder::new().name("dlm-fault-handler".into()),
-                    move || handler_thread(&i),
-                )
-                .map_err(DlmError::Thread)?;
-                dlm.handler = Some(h);
-            }
-            FaultMode::Sigbus | FaultMode::Sigsegv => {
-                ACTIVE.store(Arc::as_ptr(&inner) as *mut Inner, Ordering::Release);
-                let sig = if mode == FaultMode::Sigbus { libc::SIGBUS } else { libc::SIGSEGV };
-                dlm.signal = Some(crate::signals::install(sig).map_err(DlmError::Signal)?);
-            }
-            FaultMode::Auto => unreachable!("resolved above"),
-        }
-        Ok(dlm)
-    }
-
     /// Whether this process started the runtime (false in a child made by fork(2), which
     /// must not use it: its connections and areas are the parent's).
     pub fn owned_here(&self) -> bool {
@@ -609,67 +431,6 @@ impl Dlm {
         let mut st = self.inner.lock();
         st.apply_set_count(count);
         Ok(())
-    }
-
-    /// Begin measuring loop `id` (`dlm_start`): its own unit size comes into force and the
-    /// pages it faults on are recorded until [`Dlm::loop_end`]. Loops do not nest.
-    pub fn loop_start(&self, id: u64) -> Result<(), DlmError> {
-        if id == crate::measure::WINDOW_ID {
-            return Err(DlmError::Config(format!("loop id {id} is reserved for tuning windows")));
-        }
-        let mut st = self.inner.lock();
-        if let Some((other, _)) = st.measure.active {
-            return Err(DlmError::Config(format!("loop {other} is still being measured (no dlm_end yet)")));
-        }
-        let cur = st.set_count;
-        let set = st.measure.loops.entry(id).or_insert_with(|| crate::tune::LoopState::new(cur)).set;
-        st.apply_set_count(set);
-        st.clear_touched();
-        st.measure.loop_faults = 0;
-        st.measure.active = Some((id, std::time::Instant::now()));
-        Ok(())
-    }
-
-    /// End measuring loop `id` (`dlm_end`): the tuner decides the loop's next unit size, which
-    /// is in force from now on. Returns the decision.
-    pub fn loop_end(&self, id: u64) -> Result<crate::tune::Decision, DlmError> {
-        let mut st = self.inner.lock();
-        let (active, started) =
-            st.measure.active.ok_or_else(|| DlmError::Config(format!("dlm_end({id}) without dlm_start")))?;
-        if active != id {
-            return Err(DlmError::Config(format!("dlm_end({id}) while loop {active} is being measured")));
-        }
-        let time = started.elapsed().as_secs_f64();
-        let touched = st.touched();
-        let tuner = st.measure.tuner;
-        let state = st.measure.loops.get_mut(&id).expect("created at start");
-        let d = crate::tune::decide(&tuner, state, &touched, time, id);
-        let set = state.set;
-        st.measure.log(d);
-        st.measure.active = None;
-        let cpu = st.program_cpu();
-        st.measure.reset_window(std::time::Instant::now(), cpu);
-        st.apply_set_count(set);
-        st.clear_touched();
-        Ok(d)
-    }
-
-    /// Write the tuner's decisions to `Config::decisions_path` (if set) now; the runtime keeps
-    /// running. For a process about to exit (`dlm_finish`).
-    pub fn write_decisions(&self) {
-        let st = self.inner.lock();
-        write_decisions(&self.inner.cfg, &st.measure);
-    }
-
-    /// Every tuning decision so far, oldest first.
-    pub fn decisions(&self) -> Vec<crate::tune::Decision> {
-        self.inner.lock().measure.decisions.clone()
-    }
-
-    /// The decisions as JSON: `{"decisions": [...], "dropped": N, "table": "..."}`.
-    pub fn decisions_json(&self) -> String {
-        let st = self.inner.lock();
-        decisions_json(&st.measure)
     }
 
     pub fn stats(&self) -> Stats {
@@ -805,55 +566,6 @@ impl Inner {
     fn drain_all(&self, st: &mut State) {
         for s in 0..st.conns.len() {
             while self.complete_one(st, s) {}
-        }
-    }
-}
-
-fn write_decisions(cfg: &Config, m: &crate::measure::Measure) {
-    if let Some(path) = &cfg.decisions_path {
-        if let Err(e) = std::fs::write(path, decisions_json(m)) {
-            eprintln!("pagewise dlm: writing the tuner's decisions to {} failed: {e}", path.display());
-        }
-    }
-}
-
-fn decisions_json(m: &crate::measure::Measure) -> String {
-    serde_json::json!({
-        "decisions": m.decisions,
-        "dropped": m.dropped,
-        "table": crate::tune::format_table(&m.decisions),
-    })
-    .to_string()
-}
-
-impl State {
-    /// The program's CPU time so far: the process's, less the handler thread's.
-    fn program_cpu(&self) -> std::time::Duration {
-        let runtime = self.handler_clock.map_or(std::time::Duration::ZERO, |c| c.now());
-        pagewise_kernel::cpu::CpuClock::PROCESS.now().saturating_sub(runtime)
-    }
-
-    /// Put set count `count` in force (read-ahead windows restart).
-    fn apply_set_count(&mut self, count: u32) {
-        self.set_count = count;
-        for a in self.areas.iter_mut().flatten() {
-            a.window = 0;
-            a.last_end = usize::MAX;
-        }
-    }
-
-    /// For each candidate unit size, the units the pages marked since the last clear touch.
-    fn touched(&self) -> crate::tune::Touched {
-        let mut t = crate::tune::Touched::default();
-        for a in self.areas.iter().flatten() {
-            t.add_bitmap(&a.touched, a.layout.pages, a.layout.max_set as u32);
-        }
-        t
-    }
-
-    fn clear_touched(&mut self) {
-        for a in self.areas.iter_mut().flatten() {
-            a.touched.iter_mut().for_each(|w| *w = 0);
         }
     }
 }
