@@ -1,0 +1,384 @@
+//! What happens each period, away from the API: the tracking thread's loop (arm, sleep out
+//! the period, thin out when idle, converge), classifying regions from their counts,
+//! notifying the application, and the decision step that promotes or compacts.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use pagewise_kernel::mem::HUGE_PMD;
+use pagewise_kernel::signal;
+use pagewise_track::plan::PlanConfig;
+use pagewise_track::{report, RegionMode, PAGE, PAGES_PER_REGION};
+
+use crate::policy::{self, Action, Decision, RegionView, TrackState};
+use crate::{promote, Result};
+
+use super::{ActivePage, HpsConfig, Notify, Outcome, Shared};
+
+pub(super) fn plan_cfg(cfg: &HpsConfig) -> PlanConfig {
+    PlanConfig { pages_per_region: PAGES_PER_REGION, sample_pages: cfg.sample_pages, budget_pages: cfg.budget_pages }
+}
+
+/// Publish the counts read in place (no copy: see [`report::publish_views`]).
+pub(super) fn publish_live(s: &Shared) -> Result<()> {
+    let ranges = s.tracker.ranges();
+    let getters: Vec<Box<dyn Fn(usize) -> u32 + '_>> =
+        ranges.iter().map(|r| Box::new(move |i: usize| r.acs(i)) as Box<dyn Fn(usize) -> u32 + '_>).collect();
+    let views: Vec<report::RangeView<'_>> =
+        ranges.iter().zip(&getters).map(|(r, g)| (r.start, r.pages(), g.as_ref())).collect();
+    let state = if s.tracking.load(Ordering::Acquire) && !s.converged.load(Ordering::Acquire) {
+        TrackState::Tracking
+    } else {
+        TrackState::Converged
+    };
+    report::publish_views(signal::getpid(), &format!("tracking {}", state.name()), &views)?;
+    Ok(())
+}
+
+pub(super) fn published_ranges(s: &Shared) -> Vec<(usize, Vec<u32>)> {
+    s.tracker.ranges().iter().map(|r| (r.start, r.counts())).collect()
+}
+
+fn region_view(r: &pagewise_track::TrackedRange, region: usize, thr: u32) -> (RegionView, Vec<ActivePage>) {
+    let first = region * PAGES_PER_REGION;
+    let last = (first + PAGES_PER_REGION).min(r.pages());
+    let mut v = RegionView { total: (last - first) as u32, observed: 0, active: 0 };
+    let mut pages = Vec::new();
+    for i in first..last {
+        if r.obs(i) > 0 {
+            v.observed += 1;
+        }
+        let c = r.acs(i);
+        if c >= thr && c > 0 {
+            v.active += 1;
+            pages.push(ActivePage { addr: r.start + i * PAGE, count: c });
+        }
+    }
+    (v, pages)
+}
+
+pub(super) fn active_pages(s: &Shared) -> Vec<ActivePage> {
+    let thr = s.cfg.lock().expect("cfg lock").active_threshold;
+    let mut out = Vec::new();
+    for r in s.tracker.ranges() {
+        for region in 0..r.regions() {
+            if r.mode(region) == RegionMode::Skip {
+                continue;
+            }
+            out.extend(region_view(&r, region, thr).1);
+        }
+    }
+    out
+}
+
+/// After a period: regions whose counts already decide them stop being armed (`Hold` until the
+/// application's decision step), regions that need page-exact counts are armed whole from the
+/// next period on. Returns the number of active pages awaiting a decision.
+pub(super) fn classify(s: &Shared, cfg: &HpsConfig) -> u64 {
+    let mut active = 0u64;
+    for r in s.tracker.ranges() {
+        for region in 0..r.regions() {
+            let mode = r.mode(region);
+            if mode == RegionMode::Skip {
+                continue;
+            }
+            let (view, _) = region_view(&r, region, cfg.active_threshold);
+            active += view.active as u64;
+            if mode == RegionMode::Hold {
+                continue;
+            }
+            match policy::decide(&view, &cfg.rule) {
+                Decision::Promote | Decision::Compact => r.set_mode(region, RegionMode::Hold),
+                Decision::ObserveFully => r.set_mode(region, RegionMode::Full),
+                Decision::Observe => {}
+            }
+        }
+    }
+    active
+}
+
+pub(super) fn notify(s: &Shared, count: u64) -> Result<bool> {
+    let tid = s.target_tid.load(Ordering::Acquire);
+    if tid == 0 {
+        return Ok(false);
+    }
+    signal::queue_to_thread(signal::getpid(), tid, s.sig, count)?;
+    s.sent.fetch_add(1, Ordering::Relaxed);
+    Ok(true)
+}
+
+pub(super) fn process(s: &Shared) -> Result<Outcome> {
+    // From here on a new period may notify again: anything it finds is handled next time.
+    s.outstanding.store(false, Ordering::Release);
+    s.steps.fetch_add(1, Ordering::Relaxed);
+    let cfg = s.cfg.lock().expect("cfg lock").clone();
+    let thr = cfg.active_threshold;
+    let mut out = Outcome::default();
+    let mut cb = s.callbacks.lock().expect("callbacks lock");
+    for r in s.tracker.ranges() {
+        for region in 0..r.regions() {
+            if r.mode(region) == RegionMode::Skip {
+                continue;
+            }
+            let (view, pages) = region_view(&r, region, thr);
+            if view.active == 0 {
+                continue;
+            }
+            let addr = r.start + region * HUGE_PMD;
+            let own = cb.decide.as_mut().and_then(|f| f(addr, &view));
+            let mut decision = own.unwrap_or_else(|| policy::decide(&view, &cfg.rule));
+            if decision == Decision::Promote {
+                // Part of the region is no longer HPS's (unmapped or taken over by the
+                // program): it cannot become one hugepage.
+                let _ops = r.hold();
+                if !r.region_whole(region) {
+                    r.set_mode(region, RegionMode::Skip);
+                    continue;
+                }
+                match try_promote(s, addr)? {
+                    PromoteResult::Done => {
+                        r.set_mode(region, RegionMode::Skip);
+                        out.promoted += 1;
+                        continue;
+                    }
+                    PromoteResult::Later => {
+                        // Stays on hold: retried at the next decision step, not re-armed.
+                        r.set_mode(region, RegionMode::Hold);
+                        out.deferred += 1;
+                        continue;
+                    }
+                    // No hugepage for a whole region: the active pages can still be compacted,
+                    // which takes far fewer hugepages.
+                    PromoteResult::NoBudget => {
+                        decision = if view.observed < view.total { Decision::ObserveFully } else { Decision::Compact };
+                    }
+                }
+            }
+            match decision {
+                Decision::ObserveFully => {
+                    if r.mode(region) != RegionMode::Full {
+                        r.set_mode(region, RegionMode::Full);
+                        out.observe_fully += 1;
+                    }
+                }
+                Decision::Compact => {
+                    let moved = cb.compact.as_mut().map_or(0, |f| f(&pages));
+                    for p in &pages {
+                        r.reset_page((p.addr - r.start) / PAGE);
+                    }
+                    r.set_mode(region, RegionMode::Sample);
+                    out.compacted_pages += moved as u32;
+                    s.compacted.fetch_add(moved as u64, Ordering::Relaxed);
+                }
+                Decision::Observe | Decision::Promote => {
+                    if r.mode(region) == RegionMode::Hold {
+                        r.set_mode(region, RegionMode::Sample);
+                    }
+                }
+            }
+        }
+    }
+    let decided = out.promoted + out.compacted_pages + out.observe_fully;
+    if decided > 0 {
+        s.idle_periods.store(0, Ordering::Relaxed);
+        s.decisions.fetch_add(decided as u64, Ordering::Relaxed);
+        s.wake();
+    }
+    Ok(out)
+}
+
+enum PromoteResult {
+    Done,
+    Later,
+    NoBudget,
+}
+
+fn try_promote(s: &Shared, addr: usize) -> Result<PromoteResult> {
+    let now = s.epoch.elapsed().as_nanos() as u64;
+    if !s.backoff.lock().expect("backoff lock").allowed(now) {
+        return Ok(PromoteResult::Later);
+    }
+    let budget = s.budget.lock().expect("budget lock");
+    if let Some(b) = budget.as_ref() {
+        if !b.try_take(1)? {
+            return Ok(PromoteResult::NoBudget);
+        }
+    }
+    // The guard judges the collapse by the CPU time of this thread, not wall time: what it
+    // must catch is the kernel compacting memory to find a hugepage (CPU work done in this
+    // thread), not this thread waiting for a CPU on a busy machine.
+    let cpu0 = signal::thread_cpu_time();
+    let res = promote::collapse(addr);
+    let cpu = (signal::thread_cpu_time() - cpu0).as_nanos() as u64;
+    let end = s.epoch.elapsed().as_nanos() as u64;
+    s.collapse_ns.fetch_add(end - now, Ordering::Relaxed);
+    s.backoff.lock().expect("backoff lock").record(end, cpu, res.is_ok());
+    match res {
+        Ok(_) => {
+            s.promoted.fetch_add(1, Ordering::Relaxed);
+            Ok(PromoteResult::Done)
+        }
+        Err(_) => {
+            s.collapse_failures.fetch_add(1, Ordering::Relaxed);
+            if let Some(b) = budget.as_ref() {
+                b.give_back(1)?;
+            }
+            Ok(PromoteResult::Later)
+        }
+    }
+}
+
+pub(super) fn tracking_loop(s: &Shared) {
+    let _ = s.tracking_thread.set(std::thread::current());
+    let mut last_publish = Instant::now();
+    let mut last_decisions = 0u64;
+    // A probe armed pages while converged: classify what they saw at the next step.
+    let mut collect = false;
+    while !s.stop.load(Ordering::Acquire) {
+        if !s.tracking.load(Ordering::Acquire) {
+            // Nothing to do until tracking is switched on again or HPS stops (both wake us).
+            std::thread::park();
+            continue;
+        }
+        let cfg = s.cfg.lock().expect("cfg lock").clone();
+        let idle = s.idle_periods.load(Ordering::Relaxed);
+        let converged = s.converged.load(Ordering::Acquire);
+        let ms = if converged {
+            cfg.max_interval_ms.max(cfg.interval_ms)
+        } else {
+            policy::thinned_interval_ms(cfg.interval_ms, cfg.max_interval_ms, idle)
+        };
+        // Sleep out the period unless woken for a reason to start the next one now: stop, new
+        // work (a decision, a new arena, a new configuration) or, while converged, new memory.
+        // No polling: the thread shares its core with the application it serves.
+        let deadline = Instant::now() + Duration::from_millis(ms);
+        loop {
+            let woken = s.stop.load(Ordering::Acquire)
+                || s.idle_periods.load(Ordering::Relaxed) < idle
+                || (converged && s.new_memory.load(Ordering::Acquire));
+            let left = deadline.saturating_duration_since(Instant::now());
+            if woken || left.is_zero() {
+                break;
+            }
+            std::thread::park_timeout(left);
+        }
+        if s.stop.load(Ordering::Acquire) || !s.tracking.load(Ordering::Acquire) {
+            continue;
+        }
+        let mut probe = false;
+        if cfg.converge.is_some() {
+            let decisions = s.decisions.load(Ordering::Relaxed);
+            let changed = decisions != last_decisions;
+            last_decisions = decisions;
+            let mut guard = s.conv.lock().expect("conv lock");
+            let Some(conv) = guard.as_mut() else { continue };
+            let mut act =
+                if s.new_memory.swap(false, Ordering::AcqRel) { conv.on_new_memory() } else { Action::Continue };
+            if act == Action::Continue {
+                act = conv.step(changed, (0, 0));
+            }
+            let now_converged = conv.state() == TrackState::Converged;
+            s.converged.store(now_converged, Ordering::Release);
+            let stats = (conv.stops, conv.restarts, conv.probes);
+            drop(guard);
+            match act {
+                Action::Stop => {
+                    if cfg.log_state {
+                        eprintln!(
+                            "pagewise: hps: tracking stopped: placement converged ({} region(s) promoted; {} tracking period(s))",
+                            s.promoted.load(Ordering::Relaxed),
+                            s.tracker.stats().periods
+                        );
+                    }
+                    if cfg.publish {
+                        let _ = publish_live(s);
+                    }
+                }
+                Action::Restart => {
+                    s.idle_periods.store(0, Ordering::Relaxed);
+                    if cfg.log_state {
+                        eprintln!(
+                            "pagewise: hps: tracking restarted (new memory or a probe found a new hot region; restart {})",
+                            stats.1
+                        );
+                    }
+                    if cfg.publish {
+                        let _ = publish_live(s);
+                    }
+                }
+                Action::Probe => {
+                    // Judge the probe on what it sees now: counts of undecided regions are
+                    // history from before convergence (a region long observed cold would need
+                    // many probes to cross the rule's fraction).
+                    forget_undecided(s);
+                    probe = true;
+                }
+                Action::Continue => {}
+            }
+            if now_converged && !probe {
+                if std::mem::take(&mut collect) {
+                    classify_and_notify(s, &cfg);
+                }
+                continue;
+            }
+        }
+        let faults_before = s.tracker.stats().faults;
+        let plan =
+            if probe { PlanConfig { sample_pages: cfg.probe_pages.max(1), ..plan_cfg(&cfg) } } else { plan_cfg(&cfg) };
+        if s.tracker.run_period(&plan).is_err() {
+            continue;
+        }
+        collect = probe;
+        let active = classify_and_notify(s, &cfg);
+        // A period is busy while accesses were observed and something remains to decide.
+        let busy = active > 0 && s.tracker.stats().faults > faults_before;
+        if busy {
+            s.idle_periods.store(0, Ordering::Relaxed);
+        } else {
+            s.idle_periods.fetch_add(1, Ordering::Relaxed);
+        }
+        if cfg.publish && last_publish.elapsed() >= Duration::from_millis(500) {
+            let _ = publish_live(s);
+            last_publish = Instant::now();
+        }
+    }
+}
+
+impl Shared {
+    /// End the tracking thread's sleep early (it re-checks why it sleeps).
+    pub(super) fn wake(&self) {
+        if let Some(t) = self.tracking_thread.get() {
+            t.unpark();
+        }
+    }
+}
+
+/// Reset the counts of regions still sampled (not promoted, not awaiting a decision); pages
+/// with zero counts are not written, so the tables of never-used memory stay unpopulated.
+fn forget_undecided(s: &Shared) {
+    for r in s.tracker.ranges() {
+        for region in 0..r.regions() {
+            if r.mode(region) != RegionMode::Sample {
+                continue;
+            }
+            let first = region * PAGES_PER_REGION;
+            for i in first..(first + PAGES_PER_REGION).min(r.pages()) {
+                if r.acs(i) != 0 || r.obs(i) != 0 {
+                    r.reset_page(i);
+                }
+            }
+        }
+    }
+}
+
+/// Classify after a period and notify the decision step if there are active pages.
+fn classify_and_notify(s: &Shared, cfg: &HpsConfig) -> u64 {
+    let active = classify(s, cfg);
+    if active > 0 && cfg.notify != Notify::None && !s.outstanding.swap(true, Ordering::AcqRel) {
+        match notify(s, active) {
+            Ok(true) => {}
+            _ => s.outstanding.store(false, Ordering::Release),
+        }
+    }
+    active
+}
