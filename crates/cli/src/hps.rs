@@ -113,6 +113,7 @@ fn run_program(
         "--promote-fraction {promote_fraction} must be in (0, 1]"
     );
     anyhow::ensure!(interval_ms > 0, "--interval-ms must be positive");
+    crate::elf::ensure_preloadable(&program[0])?;
     let lib = crate::run::libpagewise()?;
     let shim = crate::run::EmbeddedFile::write(crate::run::SHIM, "libpagewise_preload.so")?;
     let preload = match std::env::var("LD_PRELOAD") {

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod dlm_server;
 mod doctor;
+mod elf;
 mod eval;
 mod features;
 mod foreground;

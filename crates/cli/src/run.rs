@@ -154,6 +154,7 @@ impl DlmProgram {
     pub(crate) fn prepare(opts: &DlmOptions, servers: &[String], program: &[String]) -> Result<Self> {
         let c = opts.checked()?;
         c.redundancy.check(c.base, servers.len()).map_err(|e| anyhow::anyhow!("--redundancy: {e}"))?;
+        crate::elf::ensure_preloadable(&program[0])?;
         let lib = libpagewise()?;
         let shim = EmbeddedFile::write(SHIM, "libpagewise_preload.so")?;
         let decisions = match &opts.decisions {

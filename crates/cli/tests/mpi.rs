@@ -154,6 +154,21 @@ fn rank_pid(root: u32, rank: u32) -> u32 {
         .unwrap_or_else(|| panic!("no rank {rank} under {root}"))
 }
 
+/// The private directories (`pagewise-run.*` in the temporary directory) process `pid` holds
+/// open.
+fn private_dirs_held_by(pid: u32) -> Vec<std::path::PathBuf> {
+    let prefix = std::env::temp_dir().join("pagewise-run.");
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap();
+    let mut dirs: Vec<_> = fds
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter(|target| target.to_string_lossy().starts_with(&*prefix.to_string_lossy()))
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    dirs
+}
+
 /// Start `mpirun -np 3 pagewise mpi -- sleep 600`, wait until the program runs, SIGKILL rank
 /// `victim`, and return the job's stderr. Nothing of the job may outlive it.
 fn kill_rank_mid_run(victim: u32) -> String {
@@ -173,6 +188,7 @@ fn kill_rank_mid_run(victim: u32) -> String {
     let root = child.id();
     let job = descendants(root);
     let pid = rank_pid(root, victim);
+    let held = private_dirs_held_by(pid);
     pagewise_kernel::net::kill(pid as i32, libc::SIGKILL).unwrap();
     let reader = std::thread::spawn(move || {
         let mut rest = String::new();
@@ -197,6 +213,12 @@ fn kill_rank_mid_run(victim: u32) -> String {
         .filter(|s| !s.contains(") Z "))
         .collect();
     assert!(left.is_empty(), "processes of the job outlived it: {left:?}\n{text}");
+    // A SIGKILLed wrapper cannot remove its private directory (the next run sweeps it after
+    // a grace); this test removes the one it caused.
+    for dir in held {
+        assert!(dir.is_dir(), "{} vanished although its maker was SIGKILLed", dir.display());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
     text
 }
 

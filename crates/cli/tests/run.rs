@@ -127,6 +127,28 @@ fn a_program_without_large_allocations_runs_with_a_warning() {
     assert!(err.contains("warning: the program made no allocation"), "{err}");
 }
 
+/// A statically linked program never loads the shim: `pagewise run` and `pagewise hps run`
+/// refuse it with the reason before it starts, instead of running it with nothing on
+/// Pagewise's memory and no word about it.
+#[test]
+fn a_statically_linked_program_is_refused_before_it_starts() {
+    ensure_libpagewise();
+    let dir = tempdir("static");
+    let src = dir.join("hello.c");
+    std::fs::write(&src, "#include <stdio.h>\nint main(void) { puts(\"started\"); return 0; }\n").unwrap();
+    let prog = dir.join("hello-static");
+    let st = Command::new("cc").args(["-O2", "-static", "-o"]).arg(&prog).arg(&src).status().expect("cc");
+    assert!(st.success(), "cc -static failed (build-essential provides libc.a)");
+    assert_eq!(String::from_utf8_lossy(&Command::new(&prog).output().unwrap().stdout), "started\n");
+    for wrapper in [&["run", "--spawn-servers", "1"][..], &["hps", "run"][..]] {
+        let out = Command::new(pagewise()).args(wrapper).arg("--").arg(&prog).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{wrapper:?} ran it: {err}");
+        assert!(err.contains("statically linked") && err.contains("hello-static"), "{wrapper:?}: {err}");
+        assert!(out.stdout.is_empty(), "{wrapper:?} started the program");
+    }
+}
+
 /// What another user of the host (uid 65534) planted at the names the old code used —
 /// `pagewise-preload-{pid}.so` and `pagewise-run-{pid}.decisions.json` in the temporary
 /// directory, the second a symlink to a file of ours — is neither followed nor removed:

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::hps::{ActivePage, Hps, HpsConfig, Notify};
-use crate::policy::{Decision, RegionRule, RegionView};
+use crate::policy::{Decision, RegionRule, RegionView, TrackState};
 
 /// `struct hps_config`.
 #[repr(C)]
@@ -259,9 +259,12 @@ pub unsafe extern "C" fn hps_preload_state(buf: *mut c_char, n: usize) -> c_int 
             return -(libc::EINVAL as i64);
         }
         let st = h.stats();
+        let at_exit = match h.track_state() {
+            TrackState::Tracking => "still tracking at exit",
+            TrackState::Converged => "tracking converged at exit",
+        };
         let line = format!(
-            "hps: tracking {} at exit; converged {} time(s), restarted {} time(s), {} probe(s) while converged",
-            h.track_state().name(),
+            "hps: {at_exit}; converged {} time(s), restarted {} time(s), {} probe(s) while converged",
             st.converge_stops,
             st.converge_restarts,
             st.probes

@@ -3,7 +3,8 @@
 //! THP / HPS and real memcached default and `-L` as peers, all started as real processes and
 //! measured in one run with the repetitions interleaved. Then kvcache against memcached as the
 //! clients people use see them ([`clients`]): YCSB's own client on workloads C and B (the
-//! headline), memcslap, and the project's generator waiting for each reply. Last, a drifting
+//! headline), memcslap, and the project's generator waiting for each reply, on a fresh pair
+//! sized to hold all those clients store ([`clients::waiting_memory_mb`]). Last, a drifting
 //! hot set on kvcache with HPS: after three hot sets, how large is the hot arena against one
 //! hot set?
 //!
@@ -148,10 +149,11 @@ fn wait_ready(addr: &str) -> anyhow::Result<()> {
     anyhow::bail!("server at {addr} did not come up")
 }
 
-fn start(config: Config, extra: &[&str]) -> anyhow::Result<Running> {
+/// Start `config`'s server with a memory limit of `mem_mb` MiB.
+fn start(config: Config, mem_mb: usize, extra: &[&str]) -> anyhow::Result<Running> {
     let port = free_port()?;
     let addr = format!("127.0.0.1:{port}");
-    let m = MEM_MB.to_string();
+    let m = mem_mb.to_string();
     let p = port.to_string();
     let place = placement();
     // One worker thread on one core; two when the server shares the cores with the generator.
@@ -284,7 +286,7 @@ impl Experiment for HpsKvcache {
         // -L does the same; kvcache's own THP mode only advises its slab area, which is filled
         // densely in order, so it adds little). Memory only, measured alone before the others.
         let thp_l_mem = {
-            let r = start(Config::ThpL, &[])?;
+            let r = start(Config::ThpL, MEM_MB, &[])?;
             let l = load::load(&r.addr, 0, records, VALUE, 2, 64)?;
             anyhow::ensure!(l.bad == 0, "{}: {} stores not STORED", Config::ThpL.name(), l.bad);
             read_zipfian(&r.addr, reads, false, 99)?;
@@ -296,7 +298,7 @@ impl Experiment for HpsKvcache {
         let mut mem_series: Vec<Vec<(f64, f64)>> = vec![Vec::new(); configs.len()];
         let mut base_mem = Vec::new();
         for (i, &c) in configs.iter().enumerate() {
-            let r = start(c, &[])?;
+            let r = start(c, MEM_MB, &[])?;
             base_mem.push(memory(&r)? as f64);
             let l = load::load(&r.addr, 0, records, VALUE, 2, 64)?;
             anyhow::ensure!(l.bad == 0, "{}: {} stores not STORED", c.name(), l.bad);
@@ -384,7 +386,8 @@ impl Experiment for HpsKvcache {
         drop(servers);
         if have_memcached {
             ctx.message("clients that wait for each reply");
-            let (kv, mc) = (start(Config::Default, &[])?, start(Config::Memcached, &[])?);
+            let mem = clients::waiting_memory_mb(&waiting);
+            let (kv, mc) = (start(Config::Default, mem, &[])?, start(Config::Memcached, mem, &[])?);
             peers.extend(clients::waiting(ctx, &kv, &mc, &waiting)?);
         }
 
@@ -599,6 +602,7 @@ impl Experiment for HpsKvcache {
         report.plots.push(mem_plot);
         report.data = json!({
             "records": records, "reads": reads, "reps": reps, "value_bytes": VALUE, "memory_limit_mb": MEM_MB,
+            "waiting_memory_limit_mb": if have_memcached { Some(clients::waiting_memory_mb(&waiting)) } else { None },
             "configs": configs.iter().map(|c| c.name()).collect::<Vec<_>>(),
             "throughput_ops_s": tput, "gets_per_server_cpu_s": per_core, "server_cpu_steal_share": steal, "memory_bytes": mem, "memory_before_load_bytes": base_mem,
             "thp_largepages_memory_bytes": thp_l_mem,

@@ -275,8 +275,8 @@ impl Ycsb {
             "java (YCSB)",
         )?;
         let text = String::from_utf8_lossy(&out.stdout);
-        let (done, secs) = parse_ycsb(&text).ok_or_else(|| {
-            anyhow::anyhow!("YCSB gave no result (status {}): {}", out.status, String::from_utf8_lossy(&out.stderr))
+        let (done, secs) = parse_ycsb(&text).map_err(|why| {
+            anyhow::anyhow!("YCSB {workload}: {why} (status {}): {}", out.status, String::from_utf8_lossy(&out.stderr))
         })?;
         let want = if load { records } else { ops };
         anyhow::ensure!(
@@ -289,25 +289,32 @@ impl Ycsb {
 }
 
 /// From YCSB's report: the operations that returned OK (all kinds) and the run time in seconds.
-/// None without an `[OVERALL], RunTime(ms)` line, or when any operation returned something else.
-fn parse_ycsb(text: &str) -> Option<(u64, f64)> {
+/// Fails without an `[OVERALL], RunTime(ms)` line, or naming the operations that returned
+/// something else (`[READ], Return=NOT_FOUND, 12`).
+fn parse_ycsb(text: &str) -> Result<(u64, f64), String> {
     let mut ok = 0;
     let mut runtime_ms = None;
+    let mut failed = Vec::new();
     for line in text.lines() {
         let fields: Vec<&str> = line.split(", ").collect();
         match fields.as_slice() {
             ["[OVERALL]", "RunTime(ms)", v] => runtime_ms = v.trim().parse::<f64>().ok(),
-            [_, status, n] if status.starts_with("Return=") => {
-                let n: u64 = n.trim().parse().ok()?;
-                if *status != "Return=OK" && n > 0 {
-                    return None;
+            [op, status, n] if status.starts_with("Return=") => {
+                let n: u64 = n.trim().parse().map_err(|_| format!("bad count in `{line}`"))?;
+                if *status == "Return=OK" {
+                    ok += n;
+                } else if n > 0 {
+                    failed.push(format!("{op} {n} × {}", &status["Return=".len()..]));
                 }
-                ok += n;
             }
             _ => {}
         }
     }
-    Some((ok, runtime_ms? / 1e3))
+    if !failed.is_empty() {
+        return Err(format!("operations that did not return OK: {}", failed.join(", ")));
+    }
+    let ms = runtime_ms.ok_or("no `[OVERALL], RunTime(ms)` line in its report")?;
+    Ok((ok, ms / 1e3))
 }
 
 /// What the clients that wait for each reply run, and how often.
@@ -399,6 +406,20 @@ pub(super) fn waiting(ctx: &Context, kv: &Running, mc: &Running, w: &Waiting) ->
     Ok(out)
 }
 
+/// The memory limit (MiB) of the servers [`waiting`] runs on: room for all it stores, since a
+/// miss fails the generator's check and YCSB's. memcslap stores `execute` new random keys each
+/// run (values up to 5.7 KB; measured: 2,000 items a run, classes to 5,680 B) that nothing
+/// reads again, so over the rounds its sets outgrow a cache sized for the records (at full
+/// size, 21 runs × 50,000 items ≈ 2.8 GB) and evict the records the other clients read.
+/// Per item at most: the generator's 1 KiB, YCSB's 2 KiB (ten 100-byte fields as JSON),
+/// memcslap's 6 KiB; a quarter more for the slab classes' rounding.
+pub(super) fn waiting_memory_mb(w: &Waiting) -> usize {
+    let ycsb = w.ycsb.map_or(0, |(_, records, ..)| records as usize);
+    let slap = w.memcslap.map_or(0, |(_, _, execute)| w.rounds * execute as usize);
+    let bytes = w.records as usize * 1024 + ycsb * 2048 + slap * 6144;
+    (bytes + bytes / 4).div_ceil(1 << 20).max(super::MEM_MB)
+}
+
 /// Ticks [`waiting`] makes.
 pub(super) fn waiting_ticks(w: &Waiting) -> usize {
     2 * w.rounds * (1 + if w.ycsb.is_some() { 2 } else { 0 } + usize::from(w.memcslap.is_some()))
@@ -452,14 +473,36 @@ fn parse_memcslap(text: &str) -> Option<(f64, f64, f64)> {
 mod tests {
     use super::*;
 
+    /// The full run's waiting phase holds what it stores without evicting: the records, and
+    /// memcslap's 21 runs of 50,000 new items even if all were in its largest class (5,680 B).
+    #[test]
+    fn the_waiting_servers_hold_everything_the_clients_store() {
+        let ycsb = Ycsb { java: PathBuf::new(), classpath: String::new(), workloads: PathBuf::new() };
+        let slap = Path::new("memcslap");
+        let full = Waiting {
+            rounds: 21,
+            records: 800_000,
+            gets: 200_000,
+            conns: 4,
+            ycsb: Some((&ycsb, 200_000, 100_000, 4)),
+            memcslap: Some((slap, 2, 50_000)),
+        };
+        let stored_mib = (800_000 * 1024 + 200_000 * 2048 + 21 * 50_000 * 5680) >> 20;
+        assert!(waiting_memory_mb(&full) > stored_mib, "{} MiB", waiting_memory_mb(&full));
+        // Without YCSB and memcslap, the records' limit.
+        let records_only = Waiting { ycsb: None, memcslap: None, records: 1000, ..full };
+        assert_eq!(waiting_memory_mb(&records_only), super::super::MEM_MB);
+    }
+
     #[test]
     fn ycsb_reports_parse_and_errors_fail() {
         let ok = "[OVERALL], RunTime(ms), 2500\n[OVERALL], Throughput(ops/sec), 8000.0\n\
                   [READ], Operations, 19000\n[READ], Return=OK, 19000\n[UPDATE], Return=OK, 1000\n";
-        assert_eq!(parse_ycsb(ok), Some((20000, 2.5)));
-        assert_eq!(parse_ycsb(&format!("{ok}[READ], Return=NOT_FOUND, 3\n")), None);
-        assert_eq!(parse_ycsb(&format!("{ok}[READ], Return=ERROR, 1\n")), None);
-        assert_eq!(parse_ycsb("[READ], Return=OK, 5\n"), None);
+        assert_eq!(parse_ycsb(ok), Ok((20000, 2.5)));
+        let missed = parse_ycsb(&format!("{ok}[READ], Return=NOT_FOUND, 3\n[UPDATE], Return=ERROR, 1\n"));
+        assert_eq!(missed, Err("operations that did not return OK: [READ] 3 × NOT_FOUND, [UPDATE] 1 × ERROR".into()));
+        assert!(parse_ycsb("[READ], Return=OK, 5\n").unwrap_err().contains("RunTime"));
+        assert!(parse_ycsb(&format!("{ok}[READ], Return=ERROR, x\n")).is_err());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use pagewise_kvcache::load::{self, Choice};
 
-use super::{start, stat, Config, VALUE};
+use super::{start, stat, Config, MEM_MB, VALUE};
 
 pub(super) struct DriftPhase {
     pub phase: u64,
@@ -29,7 +29,7 @@ pub(super) struct Drift {
 pub(super) fn drift_phase() -> anyhow::Result<Drift> {
     const RECORDS: u64 = 200_000;
     const STRIDE: u64 = 64;
-    let r = start(Config::Hps, &["--hot-window-ms", "1000", "--converge-ticks", "10", "--hps-threshold", "3"])?;
+    let r = start(Config::Hps, MEM_MB, &["--hot-window-ms", "1000", "--converge-ticks", "10", "--hps-threshold", "3"])?;
     let l = load::load(&r.addr, 0, RECORDS, VALUE, 2, 64)?;
     anyhow::ensure!(l.bad == 0, "drift load: {} stores failed", l.bad);
     let mut phases = Vec::new();
