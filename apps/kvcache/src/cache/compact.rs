@@ -80,24 +80,11 @@ impl Cache {
                 return; // released by the caller
             }
             // Take the victim's chunks off the free list so the moves land elsewhere.
-            let mut keep = Vec::new();
-            let mut it = self.classes[c].free_hot;
-            while it != 0 {
-                if it & !(HOT_PAGE - 1) != victim {
-                    keep.push(it);
-                }
-                it = self.h(it).h_next;
-            }
+            let keep = self.hot_free_off(c, victim);
             if (keep.len() as u64) < used as u64 {
                 return;
             }
-            let mut head = 0;
-            for &k in keep.iter().rev() {
-                self.h(k).h_next = head;
-                head = k;
-            }
-            self.classes[c].free_hot = head;
-            self.classes[c].nfree_hot = keep.len();
+            self.set_hot_free(c, &keep);
             let size = self.classes[c].size;
             for i in 0..self.classes[c].hot_perslab {
                 let old = victim + i * size;
@@ -129,21 +116,8 @@ impl Cache {
         for &page in &empty {
             let c = self.hot[&page].class as usize;
             // Unthread the page's chunks from the class's hot free list.
-            let mut keep = Vec::new();
-            let mut it = self.classes[c].free_hot;
-            while it != 0 {
-                if it & !(HOT_PAGE - 1) != page {
-                    keep.push(it);
-                }
-                it = self.h(it).h_next;
-            }
-            let mut head = 0;
-            for &k in keep.iter().rev() {
-                self.h(k).h_next = head;
-                head = k;
-            }
-            self.classes[c].free_hot = head;
-            self.classes[c].nfree_hot = keep.len();
+            let keep = self.hot_free_off(c, page);
+            self.set_hot_free(c, &keep);
             self.classes[c].hot_pages -= 1;
             self.hot.remove(&page);
             self.pages_used -= HOT_PAGE / SLAB_PAGE;
@@ -151,6 +125,30 @@ impl Cache {
                 let _ = h.huge_free(page as *mut u8, HOT_PAGE);
             }
         }
+    }
+
+    /// The chunks on class `c`'s hot free list that are not on the hot page `page`, in order.
+    fn hot_free_off(&self, c: usize, page: usize) -> Vec<usize> {
+        let mut keep = Vec::new();
+        let mut it = self.classes[c].free_hot;
+        while it != 0 {
+            if it & !(HOT_PAGE - 1) != page {
+                keep.push(it);
+            }
+            it = self.h(it).h_next;
+        }
+        keep
+    }
+
+    /// Make `chunks`, in order, class `c`'s hot free list.
+    fn set_hot_free(&mut self, c: usize, chunks: &[usize]) {
+        let mut head = 0;
+        for &k in chunks.iter().rev() {
+            self.h(k).h_next = head;
+            head = k;
+        }
+        self.classes[c].free_hot = head;
+        self.classes[c].nfree_hot = chunks.len();
     }
 
     fn take_hot(&mut self, c: usize) -> usize {
