@@ -27,6 +27,7 @@ pub mod arena;
 pub mod minor;
 pub mod plan;
 pub mod report;
+mod table;
 pub mod wp_async;
 
 pub use arena::TrackedArena;

@@ -23,6 +23,7 @@ use pagewise_kernel::signal::WhileHandling;
 use pagewise_kernel::uffd::{self, feature, Event, RegisterMode, Uffd, UffdBuilder};
 
 use crate::plan::{self, PlanConfig, RegionMode};
+use crate::table::Table;
 use crate::{Error, Result, PAGE, PAGES_PER_REGION};
 
 /// One tracked range: per-page counts and per-region modes.
@@ -31,17 +32,17 @@ pub struct TrackedRange {
     pub start: usize,
     pub len: usize,
     /// Periods in which the page was accessed (the paper's acscount).
-    acs: Box<[AtomicU32]>,
+    acs: Table<AtomicU32>,
     /// Periods in which the page was armed (observed).
-    obs: Box<[AtomicU32]>,
-    armed: Box<[AtomicBool]>,
+    obs: Table<AtomicU32>,
+    armed: Table<AtomicBool>,
     /// Armed while not resident: credited by `settle` if it became resident.
-    absent: Box<[AtomicBool]>,
+    absent: Table<AtomicBool>,
     absent_count: AtomicUsize,
     /// Seen resident at an earlier arming: mincore(2) is skipped for runs of such pages.
-    known_resident: Box<[AtomicBool]>,
+    known_resident: Table<AtomicBool>,
     /// No longer tracked (`forget`): unmapped or taken over; never armed again.
-    gone: Box<[AtomicBool]>,
+    gone: Table<AtomicBool>,
     /// Arming, settling and collapsing hold it shared, `forget` exclusively: once `forget`
     /// returns, nothing the tracker does touches the forgotten pages' addresses, which the
     /// program may unmap and the kernel give to another mapping.
@@ -50,39 +51,31 @@ pub struct TrackedRange {
     cursor: AtomicUsize,
 }
 
-/// Per-page atomics that are all zero (0 / false) to begin with, from zeroed memory: tables
-/// this large come from mmap(2), whose pages stay unpopulated until written, so the tables of a
-/// large arena cost memory only where its pages are tracked (a 1 GiB arena has 2.75 MiB of
-/// them; filled in one by one they were all resident from the start).
-fn zeroed<T: ZeroIsDefault>(n: usize) -> Box<[T]> {
-    // SAFETY: T is an atomic integer or bool (ZeroIsDefault is implemented for those only), for
-    // which the all-zero bit pattern is a valid value (0 / false).
-    unsafe { Box::<[T]>::new_zeroed_slice(n).assume_init() }
+/// Zero `a` unless it is: a table page that was never written stays unpopulated.
+fn clear(a: &AtomicU32) {
+    if a.load(Ordering::Relaxed) != 0 {
+        a.store(0, Ordering::Relaxed);
+    }
 }
 
-/// Types whose all-zero bit pattern is a valid value.
-trait ZeroIsDefault {}
-impl ZeroIsDefault for AtomicU32 {}
-impl ZeroIsDefault for AtomicBool {}
-
 impl TrackedRange {
-    fn new(start: usize, len: usize) -> Self {
+    fn new(start: usize, len: usize) -> Result<Self> {
         let pages = len / PAGE;
         let regions = pages.div_ceil(PAGES_PER_REGION);
-        TrackedRange {
+        Ok(TrackedRange {
             start,
             len,
-            acs: zeroed(pages),
-            obs: zeroed(pages),
-            armed: zeroed(pages),
-            absent: zeroed(pages),
+            acs: Table::zeroed(pages)?,
+            obs: Table::zeroed(pages)?,
+            armed: Table::zeroed(pages)?,
+            absent: Table::zeroed(pages)?,
             absent_count: AtomicUsize::new(0),
-            known_resident: zeroed(pages),
-            gone: zeroed(pages),
+            known_resident: Table::zeroed(pages)?,
+            gone: Table::zeroed(pages)?,
             ops: RwLock::new(()),
             modes: (0..regions).map(|_| AtomicU8::new(RegionMode::Sample as u8)).collect(),
             cursor: AtomicUsize::new(0),
-        }
+        })
     }
 
     pub fn pages(&self) -> usize {
@@ -120,11 +113,16 @@ impl TrackedRange {
         self.modes[region].store(mode as u8, Ordering::Relaxed);
     }
 
-    /// Forget page `i`'s history (after its contents moved away or were released).
+    /// Forget page `i`'s history (after its contents moved away or were released). Stores only
+    /// what is set: the tables stay unpopulated where a page never had a history (a store of
+    /// zero would still fault in a page of the table; forgetting a 2 GiB allocation the program
+    /// took over wrote 6 MiB of them).
     pub fn reset_page(&self, i: usize) {
-        self.acs[i].store(0, Ordering::Relaxed);
-        self.obs[i].store(0, Ordering::Relaxed);
-        self.known_resident[i].store(false, Ordering::Relaxed);
+        clear(&self.acs[i]);
+        clear(&self.obs[i]);
+        if self.known_resident[i].load(Ordering::Relaxed) {
+            self.known_resident[i].store(false, Ordering::Relaxed);
+        }
     }
 
     /// Stop tracking pages `[first, first + count)` for good (the program unmaps them or takes
@@ -134,8 +132,10 @@ impl TrackedRange {
         let _ops = self.ops.write().unwrap_or_else(|e| e.into_inner());
         for i in first..(first + count).min(self.pages()) {
             self.gone[i].store(true, Ordering::Relaxed);
-            self.armed[i].store(false, Ordering::Relaxed);
-            if self.absent[i].swap(false, Ordering::Relaxed) {
+            if self.armed[i].load(Ordering::Relaxed) {
+                self.armed[i].store(false, Ordering::Relaxed);
+            }
+            if self.absent[i].load(Ordering::Relaxed) && self.absent[i].swap(false, Ordering::Relaxed) {
                 self.absent_count.fetch_sub(1, Ordering::Relaxed);
             }
             self.reset_page(i);
@@ -383,7 +383,7 @@ impl MinorTracker {
                 "tracked range {start:#x}+{len:#x} is not page aligned"
             ))));
         }
-        let range = Arc::new(TrackedRange::new(start, len));
+        let range = Arc::new(TrackedRange::new(start, len)?);
         if self.inner.delivery == Delivery::Sigbus {
             let slot = SIGBUS_SLOTS
                 .iter()
@@ -629,6 +629,50 @@ mod tests {
 
     /// SIGBUS delivery is one per process: tests using it take turns.
     static SIGBUS_TURN: Mutex<()> = Mutex::new(());
+
+    /// Memory populated (smaps `Rss`: the shared zero page a read maps is not counted) in the
+    /// mappings that hold `tables`, in bytes.
+    fn populated(tables: &[(usize, usize)]) -> u64 {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut total = 0;
+        let mut ours = false;
+        for line in smaps.lines() {
+            let range = line.split(' ').next().and_then(|r| r.split_once('-'));
+            if let Some((a, b)) =
+                range.and_then(|(a, b)| Some((usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?)))
+            {
+                ours = tables.iter().any(|&(start, end)| start < b && a < end);
+            } else if let (true, Some(kb)) = (ours, line.strip_prefix("Rss:")) {
+                total += kb.trim().trim_end_matches(" kB").trim().parse::<u64>().unwrap() * 1024;
+            }
+        }
+        total
+    }
+
+    /// Forgetting pages that never had a history (an allocation the program took over before
+    /// the tracker saw it), and resetting them, writes only the `gone` marks: the other tables
+    /// stay unpopulated (they were 12 bytes per page, 12 MiB for these 4 GiB).
+    #[test]
+    fn forgetting_pages_without_history_populates_only_their_gone_marks() {
+        let r = TrackedRange::new(0x1000_0000_0000, 4 << 30).unwrap(); // 1 Mi pages
+        r.forget(0, r.pages());
+        r.reset_all();
+        assert!(!r.region_whole(0));
+        let span = |t: &[u8]| (t.as_ptr() as usize, t.as_ptr() as usize + t.len());
+        // SAFETY (of the views): reading the tables' bytes as bytes, for their addresses only.
+        let bytes = |p: *const u8, n: usize| unsafe { std::slice::from_raw_parts(p, n) };
+        let tables = [
+            span(bytes(r.acs.as_ptr().cast(), r.pages() * 4)),
+            span(bytes(r.obs.as_ptr().cast(), r.pages() * 4)),
+            span(bytes(r.armed.as_ptr().cast(), r.pages())),
+            span(bytes(r.absent.as_ptr().cast(), r.pages())),
+            span(bytes(r.known_resident.as_ptr().cast(), r.pages())),
+            span(bytes(r.gone.as_ptr().cast(), r.pages())),
+        ];
+        let gone = r.pages() as u64; // one byte per page
+        let got = populated(&tables);
+        assert!(got >= gone && got < gone + (1 << 20), "{got} bytes populated, {gone} of them the gone marks");
+    }
 
     #[test]
     fn a_touch_after_arming_is_counted_once_and_data_survives_handler_thread() {

@@ -18,12 +18,13 @@ use pagewise_kernel::pagemap_scan::{category, PagemapScanner, ScanQuery};
 use pagewise_kernel::procfs::Pid;
 use pagewise_kernel::uffd::{feature, RegisterMode, Uffd, UffdBuilder};
 
+use crate::table::Table;
 use crate::{Error, Result, PAGE};
 
 struct Range {
     start: usize,
     len: usize,
-    acs: Box<[AtomicU32]>,
+    acs: Table<AtomicU32>,
 }
 
 /// Per-page write counts (periods in which the page was written).
@@ -54,7 +55,7 @@ impl WriteTracker {
         self.uffd.register(start, len, RegisterMode { write_protect: true, ..Default::default() })?;
         // DONTWAKE together with WP is EINVAL (fs/userfaultfd.c), so wake.
         self.uffd.write_protect(start, len, true, true)?;
-        let acs = (0..len / PAGE).map(|_| AtomicU32::new(0)).collect();
+        let acs = Table::zeroed(len / PAGE)?;
         self.ranges.lock().expect("ranges lock").push(Range { start, len, acs });
         Ok(())
     }
