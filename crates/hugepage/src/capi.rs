@@ -265,9 +265,7 @@ pub unsafe extern "C" fn hps_preload_state(buf: *mut c_char, n: usize) -> c_int 
         };
         let line = format!(
             "hps: {at_exit}; converged {} time(s), restarted {} time(s), {} probe(s) while converged",
-            st.converge_stops,
-            st.converge_restarts,
-            st.probes
+            st.converge_stops, st.converge_restarts, st.probes
         );
         let len = line.len().min(n - 1);
         // SAFETY: the caller guarantees `buf` is valid for `n` bytes and `len < n`.
