@@ -58,6 +58,11 @@ fn clear(a: &AtomicU32) {
     }
 }
 
+/// Clear flag `f`, writing only if it is set (as [`clear`]); true if this call cleared it.
+fn clear_flag(f: &AtomicBool) -> bool {
+    f.load(Ordering::Relaxed) && f.swap(false, Ordering::Relaxed)
+}
+
 impl TrackedRange {
     fn new(start: usize, len: usize) -> Result<Self> {
         let pages = len / PAGE;
@@ -120,9 +125,7 @@ impl TrackedRange {
     pub fn reset_page(&self, i: usize) {
         clear(&self.acs[i]);
         clear(&self.obs[i]);
-        if self.known_resident[i].load(Ordering::Relaxed) {
-            self.known_resident[i].store(false, Ordering::Relaxed);
-        }
+        clear_flag(&self.known_resident[i]);
     }
 
     /// Stop tracking pages `[first, first + count)` for good (the program unmaps them or takes
@@ -132,10 +135,8 @@ impl TrackedRange {
         let _ops = self.ops.write().unwrap_or_else(|e| e.into_inner());
         for i in first..(first + count).min(self.pages()) {
             self.gone[i].store(true, Ordering::Relaxed);
-            if self.armed[i].load(Ordering::Relaxed) {
-                self.armed[i].store(false, Ordering::Relaxed);
-            }
-            if self.absent[i].load(Ordering::Relaxed) && self.absent[i].swap(false, Ordering::Relaxed) {
+            clear_flag(&self.armed[i]);
+            if clear_flag(&self.absent[i]) {
                 self.absent_count.fetch_sub(1, Ordering::Relaxed);
             }
             self.reset_page(i);

@@ -268,6 +268,7 @@ impl Experiment for HpsKvcache {
             ycsb: ycsb.as_ref().ok().map(|y| (y, ctx.mode.pick(50_000, 200_000), ctx.mode.pick(20_000, 100_000), 4)),
             memcslap: memcslap_bin.as_deref().map(|b| (b, 2, ctx.mode.pick(10_000, 50_000))),
         };
+        let waiting_mem = clients::waiting_memory_mb(&waiting);
         let place = placement();
         let _pinned = place.map(|p| PinnedThread::to(p.client)).transpose()?;
         // A timed run of zipfian gets (every value checked when `verify`).
@@ -386,8 +387,7 @@ impl Experiment for HpsKvcache {
         drop(servers);
         if have_memcached {
             ctx.message("clients that wait for each reply");
-            let mem = clients::waiting_memory_mb(&waiting);
-            let (kv, mc) = (start(Config::Default, mem, &[])?, start(Config::Memcached, mem, &[])?);
+            let (kv, mc) = (start(Config::Default, waiting_mem, &[])?, start(Config::Memcached, waiting_mem, &[])?);
             peers.extend(clients::waiting(ctx, &kv, &mc, &waiting)?);
         }
 
@@ -602,7 +602,7 @@ impl Experiment for HpsKvcache {
         report.plots.push(mem_plot);
         report.data = json!({
             "records": records, "reads": reads, "reps": reps, "value_bytes": VALUE, "memory_limit_mb": MEM_MB,
-            "waiting_memory_limit_mb": if have_memcached { Some(clients::waiting_memory_mb(&waiting)) } else { None },
+            "waiting_memory_limit_mb": have_memcached.then_some(waiting_mem),
             "configs": configs.iter().map(|c| c.name()).collect::<Vec<_>>(),
             "throughput_ops_s": tput, "gets_per_server_cpu_s": per_core, "server_cpu_steal_share": steal, "memory_bytes": mem, "memory_before_load_bytes": base_mem,
             "thp_largepages_memory_bytes": thp_l_mem,
