@@ -354,6 +354,12 @@ mod tests {
         assert!(CpuClock::PROCESS.now() >= worker_cpu);
         done_tx.send(()).unwrap();
         worker.join().unwrap();
+        // join returns once the kernel clears the thread's id (CLONE_CHILD_CLEARTID), a moment
+        // before the exiting task is released; until then its clock still reads.
+        let t = std::time::Instant::now();
+        while clock.now() != std::time::Duration::ZERO && t.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         assert_eq!(clock.now(), std::time::Duration::ZERO, "an ended thread's clock reads zero");
     }
 
