@@ -61,6 +61,54 @@ pub fn median_ci95(values: &[f64]) -> Option<(f64, f64)> {
     (k >= 1).then(|| (v[k - 1], v[n - k]))
 }
 
+/// The median of per-repetition ratios `a[i] / b[i]` of two configurations whose runs were
+/// paired (each pair ran back to back, so both met the same machine), with the 95% interval
+/// of that median when there are enough pairs ([`median_ci95`]). Pairs whose ratio is not
+/// finite (a zero baseline: nothing to compare) say nothing and are left out.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Paired {
+    pub ratios: Vec<f64>,
+}
+
+impl Paired {
+    pub fn of<T>(a: &[T], b: &[T], value: impl Fn(&T) -> f64) -> Self {
+        let ratios = a.iter().zip(b).map(|(x, y)| ratio(value(x), value(y))).filter(|r| r.is_finite()).collect();
+        Paired { ratios }
+    }
+
+    /// NaN without a single pair.
+    pub fn median(&self) -> f64 {
+        if self.ratios.is_empty() {
+            f64::NAN
+        } else {
+            Summary::of(&self.ratios).median
+        }
+    }
+
+    /// `median [low–high] (n=N)`, or `median (n=N)` with too few pairs for an interval.
+    pub fn display(&self, digits: usize) -> String {
+        match median_ci95(&self.ratios) {
+            Some((lo, hi)) => {
+                format!("{:.*} [{:.*}–{:.*}] (n={})", digits, self.median(), digits, lo, digits, hi, self.ratios.len())
+            }
+            None => format!("{:.*} (n={})", digits, self.median(), self.ratios.len()),
+        }
+    }
+
+    /// `key` (the median), `key_ci95_low` / `_high` where there is an interval, and
+    /// `key_min` / `_max` of the pairs.
+    pub fn report(&self, report: &mut crate::Report, key: &str) {
+        report.figure(key, self.median());
+        if let Some((lo, hi)) = median_ci95(&self.ratios) {
+            report.figure(&format!("{key}_ci95_low"), lo);
+            report.figure(&format!("{key}_ci95_high"), hi);
+        }
+        let s = Summary::of(&self.ratios);
+        report.figure(&format!("{key}_min"), s.min);
+        report.figure(&format!("{key}_max"), s.max);
+    }
+}
+
 /// `a / b`, or NaN when b is zero.
 pub fn ratio(a: f64, b: f64) -> f64 {
     if b == 0.0 {
@@ -161,6 +209,21 @@ mod tests {
         assert_eq!(Summary::of(&[1.0, 2.0, 3.0, 4.0]).median, 2.5);
         assert_eq!(Summary::of(&[]).n, 0);
         assert!(ratio(1.0, 0.0).is_nan());
+    }
+
+    #[test]
+    fn paired_ratios_pair_by_repetition_and_drop_empty_baselines() {
+        let a = [2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+        let b = [1.0, 1.0, 2.0, 0.0, 3.0, 7.0, 4.0];
+        let p = Paired::of(&a, &b, |x| *x);
+        // The pair with a zero baseline is left out; six remain, in repetition order.
+        assert_eq!(p.ratios, vec![2.0, 3.0, 2.0, 2.0, 1.0, 2.0]);
+        assert_eq!(p.median(), 2.0);
+        assert_eq!(p.display(1), "2.0 [1.0–3.0] (n=6)");
+        // Unequal lengths pair only the common prefix; too few pairs give no interval.
+        let short = Paired::of(&a[..2], &b, |x| *x);
+        assert_eq!((short.median(), short.display(1)), (2.5, "2.5 (n=2)".to_string()));
+        assert!(Paired::default().median().is_nan());
     }
 
     #[test]

@@ -25,7 +25,7 @@ use pagewise_reclaim::stats::{Collector, LatencyStats};
 use serde_json::json;
 
 use super::reclaim_load::{finish, load_binary, spawn, Scratch};
-use crate::stats::median_ci95;
+use crate::stats::Paired;
 use crate::{interleave, ratio, Context, Experiment, Report, Summary, Table};
 
 pub struct ReclaimSplit;
@@ -340,48 +340,6 @@ impl Experiment for ReclaimSplit {
             sz.limit_mb, sz.threads, sz.files, sz.file_kb, (sz.files * sz.file_kb) as f64 / 1024.0, HEADROOM_TEXT
         ));
         Ok(report)
-    }
-}
-
-/// The median of per-repetition ratios `a[i] / b[i]` (pairs that ran back to back), with the
-/// 95% interval of that median when there are enough pairs. Pairs whose baseline is zero
-/// (no reclaim on the path at all) say nothing and are left out.
-struct Paired {
-    ratios: Vec<f64>,
-}
-
-impl Paired {
-    fn of(a: &[Run], b: &[Run], value: impl Fn(&Run) -> f64) -> Self {
-        let ratios = a.iter().zip(b).map(|(x, y)| ratio(value(x), value(y))).filter(|r| r.is_finite()).collect();
-        Paired { ratios }
-    }
-
-    fn median(&self) -> f64 {
-        if self.ratios.is_empty() {
-            f64::NAN
-        } else {
-            Summary::of(&self.ratios).median
-        }
-    }
-
-    fn display(&self, digits: usize) -> String {
-        match median_ci95(&self.ratios) {
-            Some((lo, hi)) => {
-                format!("{:.*} [{:.*}–{:.*}] (n={})", digits, self.median(), digits, lo, digits, hi, self.ratios.len())
-            }
-            None => format!("{:.*} (n={})", digits, self.median(), self.ratios.len()),
-        }
-    }
-
-    fn report(&self, report: &mut Report, key: &str) {
-        report.figure(key, self.median());
-        if let Some((lo, hi)) = median_ci95(&self.ratios) {
-            report.figure(&format!("{key}_ci95_low"), lo);
-            report.figure(&format!("{key}_ci95_high"), hi);
-        }
-        let s = Summary::of(&self.ratios);
-        report.figure(&format!("{key}_min"), s.min);
-        report.figure(&format!("{key}_max"), s.max);
     }
 }
 
