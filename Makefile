@@ -37,7 +37,8 @@ eval: build ycsb
 	$(PAGEWISE) eval all $(EVAL_FLAGS)
 
 # docs/FIGURES.md and results/report.html (plots inline), rendered from results/*/result.json
-# (`make eval` writes quick results to results/NAME/; full runs go to results/NAME-full/).
+# (`make eval` writes quick results to results/NAME/; full runs go to results/NAME-full/), and
+# from docs/results/ for what this machine has not run; what was shown is kept there.
 report: build
 	$(PAGEWISE) eval report --figures docs/FIGURES.md --html
 

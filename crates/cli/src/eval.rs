@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use pagewise_eval::{experiments, find, run_experiment_on, Mode};
+use pagewise_eval::{experiments, figures, find, run_experiment_on, Mode};
 use pagewise_kernel::features::{Capability, Feature};
 use pagewise_kernel::testbed::{profile, NetProfile, PROFILES};
 
@@ -111,12 +111,26 @@ fn write(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
 
 fn report(args: &Args) -> anyhow::Result<ExitCode> {
     let names: Vec<&str> = experiments().iter().map(|e| e.name()).collect();
-    let results = pagewise_eval::figures::Results::load(&args.out, &names)?;
-    let doc = pagewise_eval::figures::document(&results, &names, |n| find(n).is_some());
+    let mut results = figures::Results::load(&args.out, &names)?;
+    // The figures document keeps what it showed beside it, and takes from there what this
+    // machine has not run.
+    let archive = args.figures.as_deref().map(figures::archive_beside);
+    let kept = match &archive {
+        Some(a) => results.fill_from(a, &names)?,
+        None => 0,
+    };
+    let doc = figures::document(&results, &names, |n| find(n).is_some());
     match &args.figures {
         Some(path) => {
             write(path, &doc.markdown())?;
-            println!("{}: figures from {} rendered", path.display(), args.out.display());
+            let archive = archive.as_deref().expect("an archive with --figures");
+            results.keep(archive)?;
+            println!(
+                "{}: figures from {} rendered ({kept} result(s) from {}, where all of them are kept now)",
+                path.display(),
+                args.out.display(),
+                archive.display()
+            );
         }
         None if args.html.is_none() => print!("{}", doc.markdown()),
         None => {}

@@ -153,6 +153,43 @@ fn the_html_page_is_self_contained_with_plots_inline() {
     assert!(!html.contains("<script") && !html.contains("<link") && !html.contains("src="));
 }
 
+/// A rendering keeps what it showed; a later one on a machine that ran only some experiments
+/// takes the rest from there, and a result run since wins over the kept one.
+#[test]
+fn results_not_run_again_come_from_the_archive_beside_the_document() {
+    let dir = std::env::temp_dir().join(format!("pw-figures-archive-{}", std::process::id()));
+    let archive = archive_beside(&dir.join("docs/FIGURES.md"));
+    assert_eq!(archive, dir.join("docs/results"));
+    let mut with_data = result("hps-micro", "full", json!({"a": 2.0}));
+    with_data["data"] = json!({"raw": [1, 2, 3]});
+    with_data["kept_as"] = json!("rebuilt from an older document");
+    let first = Results::from_values(
+        &dir,
+        [result("hps-micro", "quick", json!({"a": 1.0})), with_data, result("dlm-fault", "quick", json!({"b": 3.0}))],
+    );
+    first.keep(&archive).unwrap();
+    let kept: Value =
+        serde_json::from_str(&std::fs::read_to_string(archive.join("hps-micro-full.json")).unwrap()).unwrap();
+    assert!(kept.get("data").is_none(), "raw data is not kept: {kept}");
+    assert_eq!(kept["summary"]["a"], json!(2.0));
+
+    // A new machine ran hps-micro quick again, nothing else.
+    let mut later = Results::from_values(&dir, [result("hps-micro", "quick", json!({"a": 9.0}))]);
+    let names = ["hps-micro", "dlm-fault", "reclaim-split"];
+    assert_eq!(later.fill_from(&archive, &names).unwrap(), 2, "hps-micro full and dlm-fault quick");
+    let md = document(&later, &names, |n| names.contains(&n)).markdown();
+    assert!(md.contains("| `a` | 9.000 | 2.000 |"), "the new quick run, the kept full run:\n{md}");
+    assert!(md.contains("| `b` | 3.000 | not run |"), "{md}");
+    assert!(md.contains("abc1234 checked out, Linux 6.18.0, 12 s (rebuilt from an older document)."), "{md}");
+
+    // A file filed under the wrong mode is refused, not shown as the other.
+    std::fs::write(archive.join("reclaim-split-full.json"), result("reclaim-split", "quick", json!({})).to_string())
+        .unwrap();
+    let err = Results::from_values(&dir, []).fill_from(&archive, &names).unwrap_err();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(err.to_string().contains("reclaim-split-full.json: not a full result"), "{err}");
+}
+
 #[test]
 fn slugs_match_githubs_anchors() {
     assert_eq!(slug("`hps-micro`"), "hps-micro");
