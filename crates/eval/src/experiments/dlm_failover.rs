@@ -15,7 +15,8 @@
 //!
 //! Every run's output must be the plain run's (a mismatch is an error, never a figure). Times
 //! are the wall time of `pagewise run` (the servers are started before it). Ratios are taken
-//! per repetition against that repetition's `none` run, and reported as median [min–max].
+//! per repetition against that repetition's `none` run, and reported as the median with its
+//! 95% interval (six repetitions in quick mode, seven in full: the fewest that give one).
 //! Memory: the growth of the servers' peak resident memory (VmHWM, summed over the servers,
 //! minus what they held idle) under each scheme, over the same under none: bytes stored per
 //! byte of data.
@@ -30,6 +31,7 @@ use serde_json::json;
 
 use crate::net::ServerHosts;
 use crate::programs::{self, jobs, Scratch};
+use crate::stats::Paired;
 use crate::{human_bytes, Context, Experiment, Report, Summary, Table};
 
 pub struct DlmFailover;
@@ -98,7 +100,7 @@ impl Experiment for DlmFailover {
 
     fn run(&self, ctx: &mut Context) -> anyhow::Result<Report> {
         let bin = pagewise_binary()?;
-        let (input, buffer, reps) = ctx.mode.pick((16u64 << 20, 48u64 << 20, 5usize), (64 << 20, 192 << 20, 7));
+        let (input, buffer, reps) = ctx.mode.pick((16u64 << 20, 48u64 << 20, 6usize), (64 << 20, 192 << 20, 7));
         let local = buffer / 3;
         let scratch = Scratch::new("dlm-failover")?;
         let job = jobs::sort(scratch.path(), input, buffer)?;
@@ -124,17 +126,16 @@ impl Experiment for DlmFailover {
         drop(on_client);
 
         let mut report = Report::default();
-        let paired = |i: usize| -> Vec<f64> { runs[i].iter().zip(&runs[0]).map(|(a, b)| a.secs / b.secs).collect() };
+        let paired = |i: usize| Paired::of(&runs[i], &runs[0], |r| r.secs);
         let mut table = Table::new(["redundancy", "time s", "vs none (paired)", "stored bytes", "stored vs none"]);
         let stored_none = Summary::of(&runs[0].iter().map(|r| r.stored as f64).collect::<Vec<_>>()).median;
         for (i, s) in setups.iter().enumerate() {
             let t = Summary::of(&runs[i].iter().map(|r| r.secs).collect::<Vec<_>>());
-            let v = Summary::of(&paired(i));
             let st = Summary::of(&runs[i].iter().map(|r| r.stored as f64).collect::<Vec<_>>());
             table.row([
                 s.label().to_string(),
                 t.display(3),
-                if i == 0 { "1".into() } else { v.display(3) },
+                if i == 0 { "1".into() } else { paired(i).display(3) },
                 human_bytes(st.median as u64),
                 format!("{:.2}", st.median / stored_none),
             ]);
@@ -144,9 +145,9 @@ impl Experiment for DlmFailover {
             report.figure(&format!("{name}_min"), v.min);
             report.figure(&format!("{name}_max"), v.max);
         };
-        key(&mut report, "redundant_vs_none_time", Summary::of(&paired(1)));
-        key(&mut report, "one_failure_vs_none_time", Summary::of(&paired(2)));
-        key(&mut report, "copies_vs_none_time", Summary::of(&paired(3)));
+        paired(1).report(&mut report, "redundant_vs_none_time");
+        paired(2).report(&mut report, "one_failure_vs_none_time");
+        paired(3).report(&mut report, "copies_vs_none_time");
         let overhead =
             |i: usize| Summary::of(&runs[i].iter().map(|r| r.stored as f64 / stored_none).collect::<Vec<_>>());
         key(&mut report, "redundancy_memory_overhead", overhead(1));
@@ -158,7 +159,7 @@ impl Experiment for DlmFailover {
         report.figure("local_mem_bytes", local);
         report.table(
             format!(
-                "GNU sort of {} with -S {} in DLM memory, local memory {}, --page-size auto, {SERVERS} servers; median [min–max] of {reps} interleaved repetitions",
+                "GNU sort of {} with -S {} in DLM memory, local memory {}, --page-size auto, {SERVERS} servers; time: median [min–max] of {reps} interleaved repetitions; vs none: median of the per-repetition ratios [its 95% interval]",
                 human_bytes(input),
                 human_bytes(buffer),
                 human_bytes(local)
