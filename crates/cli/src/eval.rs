@@ -120,10 +120,9 @@ fn report(args: &Args) -> anyhow::Result<ExitCode> {
         None => 0,
     };
     let doc = figures::document(&results, &names, |n| find(n).is_some());
-    match &args.figures {
-        Some(path) => {
+    match (&args.figures, &archive) {
+        (Some(path), Some(archive)) => {
             write(path, &doc.markdown())?;
-            let archive = archive.as_deref().expect("an archive with --figures");
             results.keep(archive)?;
             println!(
                 "{}: figures from {} rendered ({kept} result(s) from {}, where all of them are kept now)",
@@ -132,8 +131,8 @@ fn report(args: &Args) -> anyhow::Result<ExitCode> {
                 archive.display()
             );
         }
-        None if args.html.is_none() => print!("{}", doc.markdown()),
-        None => {}
+        (None, _) if args.html.is_none() => print!("{}", doc.markdown()),
+        _ => {}
     }
     if let Some(path) = &args.html {
         let path = path.clone().unwrap_or_else(|| args.out.join("report.html"));

@@ -22,7 +22,8 @@ fn report_writes_the_figures_document_and_the_html_page() {
     std::fs::write(quick.join("result.json"), result.to_string()).unwrap();
     std::fs::write(quick.join("plot.svg"), "<svg xmlns=\"http://www.w3.org/2000/svg\"><rect/></svg>").unwrap();
     let results = dir.join("results");
-    let (md, html) = (dir.join("FIGURES.md"), dir.join("page.html"));
+    std::fs::create_dir_all(dir.join("docs")).unwrap();
+    let (md, html) = (dir.join("docs/FIGURES.md"), dir.join("page.html"));
     let out = pagewise(&["eval", "report", "--out", results.to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let printed = String::from_utf8_lossy(&out.stdout).to_string();
@@ -39,6 +40,15 @@ fn report_writes_the_figures_document_and_the_html_page() {
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(std::fs::read_to_string(&md).unwrap(), printed, "the file holds what report prints");
+    // What it showed is kept beside it (docs/results/), without the raw data.
+    let kept: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("docs/results/dlm-autotune.json")).unwrap()).unwrap();
+    assert_eq!(kept["summary"], result["summary"]);
+    // Rendered again with the results gone (another machine), the document is the same.
+    std::fs::remove_dir_all(&quick).unwrap();
+    let out = pagewise(&["eval", "report", "--out", results.to_str().unwrap(), "--figures", md.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string(&md).unwrap(), printed, "taken from docs/results/");
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.contains("<svg xmlns") && page.contains("<h2 id=\"headlines\">"), "{page}");
     // --html alone: next to the results.
