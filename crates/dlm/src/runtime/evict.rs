@@ -71,18 +71,43 @@ impl Inner {
             (a.addr + first * b, count * b, a.layout)
         };
         st.stats.evictions += 1;
+        // Where the unit's frames go: kept in the shadow for a later reply (`keeps_frames`),
+        // unless another unit's reply is being received into frames at its place.
+        let shadow = {
+            let a = st.areas[ai].as_ref().expect("live");
+            a.shadow.as_ref().filter(|_| a.alias.is_none() && a.staging.is_none()).map(|m| m.addr() + first * b)
+        };
+        let to_shadow =
+            !e.armed && shadow.is_some_and(|sh| !overlaps(&st.borrowed, sh, len)) && self.keeps_frames(st, len);
+        // Writers are held back (module doc) before the data is read: always for a write-back,
+        // and before a hashed unit is hashed again unless nobody can write it meanwhile — its
+        // view unmapped (armed), or the program's one thread the one evicting.
+        let must_hold = keep_data && (e.dirty || (e.clean_hash.is_some() && !e.armed && !self.program_stopped(st)));
+        // A unit whose frames go to the shadow anyway goes there first: out of the program's
+        // view, nobody writes it, and one move replaces a write-protect and a later move.
+        let moved_first = to_shadow && must_hold;
+        if keep_data && (e.dirty || e.clean_hash.is_some()) {
+            // The unit's data is read below, an armed unit's from its place in the shadow: be
+            // sure it is there.
+            run.flush();
+        }
+        if moved_first {
+            let sh = shadow.expect("to_shadow has a shadow");
+            st.frames.remove_within(sh, len, free_frames);
+            let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
+            if let Err(err) = uffd.move_pages(sh, start, len, false, true) {
+                crate::fatal(format_args!("pagewise dlm: moving {start:#x}+{len:#x} to the shadow failed: {err}"));
+            }
+        }
         // Read through the runtime's own view where there is one: the program's view of an
-        // armed unit is unmapped (it would fault).
+        // armed unit, or of one moved out first, is unmapped (it would fault).
         let own = {
             let a = st.areas[ai].as_ref().expect("live");
-            match (&a.shadow, e.armed) {
+            match (&a.shadow, e.armed || moved_first) {
                 (Some(sh), true) => sh.addr() + first * b,
                 _ => a.alias.as_ref().or(a.staging.as_ref()).map_or(start, |(m, _)| m.addr() + first * b),
             }
         };
-        // Writers are held back (module doc) before the data is read: always for a write-back,
-        // and before a hashed unit is hashed again unless nobody can write it meanwhile — its
-        // view unmapped (armed), or the program's one thread the one evicting.
         let protect = |start: usize, len: usize| {
             let r = match &self.uffd {
                 // DONTWAKE is refused when protecting (fs/userfaultfd.c: mode_wp && mode_dontwake).
@@ -93,22 +118,19 @@ impl Inner {
                 crate::fatal(format_args!("pagewise dlm: write-protecting {start:#x}+{len:#x} failed: {err}"));
             }
         };
-        if keep_data && (e.dirty || e.clean_hash.is_some()) {
-            // The unit's data is read below, an armed unit's from its place in the shadow: be
-            // sure it is there.
-            run.flush();
-        }
-        let mut protected = false;
+        // An armed unit's view is unmapped already: an access faults and waits for the lock.
+        let mut protected = moved_first || e.armed;
         let written = match e.clean_hash {
             _ if !keep_data => false,
             None => e.dirty,
             Some(h) => {
-                if !e.armed && !self.program_stopped(st) {
+                if must_hold && !protected {
                     protect(start, len);
                     protected = true;
                 }
                 // SAFETY: [own, own+len) maps the unit's resident pages (the program's view, or
-                // the shadow where an armed unit's pages wait); nobody writes them meanwhile.
+                // the shadow where an armed or moved-out unit's pages wait); nobody writes them
+                // meanwhile.
                 let written = unsafe { content_hash(self.hash_seed, own, len) } != h;
                 if written {
                     st.stats.written_by_hash += 1;
@@ -135,8 +157,8 @@ impl Inner {
             h.set_count = count as u32;
             h.length = len as u32;
             // SAFETY: [own, own+len) maps the unit's resident pages, now write-protected in
-            // the program's view; reading does not fault and nobody can change them until
-            // they are dropped below.
+            // the program's view or moved out of it; reading does not fault and nobody can
+            // change them until they are dropped below.
             let data = unsafe { std::slice::from_raw_parts(own as *const u8, len) };
             let sent = st.send(srv, h, data, start, len);
             st.conns[srv].pending.push_back(Pending::Write { area: e.area, first, count, sent });
@@ -145,25 +167,20 @@ impl Inner {
             let a = st.areas[ai].as_mut().expect("live");
             a.home_written[first..first + count].iter_mut().for_each(|w| *w = true);
         }
-        let keeps_frames = self.keeps_frames(st, len);
         let a = st.areas[ai].as_mut().expect("live");
-        let shadow = a.shadow.as_ref().map(|m| m.addr() + first * b);
-        // Another unit's reply is being received into frames at this unit's place: its pages
-        // cannot go there, they are freed instead.
-        let place_taken = shadow.is_some_and(|sh| overlaps(&st.borrowed, sh, len));
         let mut kept = None;
         let r = match (&a.staging, &a.alias, shadow) {
             (Some((stage, _)), ..) => mprotect(start, len, Protection::None)
                 .and_then(|_| madvise(stage.addr() + first * b, len, Advice::Remove)),
             // Punching the pages out of the memfd unmaps them from both views and frees them.
             (None, Some((alias, _)), _) => madvise(alias.addr() + first * b, len, Advice::Remove),
-            // An armed unit's pages wait in the shadow already.
-            (None, None, Some(sh)) if e.armed => {
+            // An armed unit's pages wait in the shadow already, as do a moved-out unit's.
+            (None, None, Some(sh)) if e.armed || moved_first => {
                 kept = Some(sh);
                 Ok(())
             }
             // Frames a unit will be received into go to the shadow, to be reused.
-            (None, None, Some(sh)) if keeps_frames && !place_taken => {
+            (None, None, Some(sh)) if to_shadow => {
                 st.frames.remove_within(sh, len, free_frames);
                 kept = Some(sh);
                 run.move_to_shadow_later(start, sh, len);
@@ -191,16 +208,17 @@ impl Inner {
     /// Whether an evicted unit of `len` bytes leaves its frames in the shadow for a later reply
     /// to be received into (`reply_target`): under SIGBUS with one program thread from
     /// `view_min` on (demand faults are received into the program's view), else from
-    /// `MOVE_MIN` on where clean units are moved in at all (`Inner::clean_move`). Otherwise the pages are dropped, many
-    /// victims with one call: moving each to the shadow and freeing it there when it is not
-    /// needed made the solver with 4 KiB units at 10% and 5% local memory 5-6× slower
-    /// (`pagewise eval dlm-autotune`, whose solver shares its process with other threads).
+    /// `Inner::move_min` on where clean units are moved in at all (`Inner::clean_move`).
+    /// Otherwise the pages are dropped, many victims with one call: moving each to the shadow
+    /// and freeing it there when it is not needed made the solver with 4 KiB units at 10% and
+    /// 5% local memory 5-6× slower (`pagewise eval dlm-autotune`, whose solver shares its
+    /// process with other threads, so every move flushed the other CPU's TLB too).
     pub(super) fn keeps_frames(&self, st: &mut State, len: usize) -> bool {
         self.cfg.move_install
             && if self.mode == FaultMode::Sigbus && len >= self.view_min() && len < MOVE_MIN {
                 self.program_stopped(st)
             } else {
-                len >= MOVE_MIN && self.clean_move(st) != CleanMove::Copied
+                len >= self.move_min(st) && self.clean_move(st) != CleanMove::Copied
             }
     }
 

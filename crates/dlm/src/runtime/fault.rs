@@ -43,6 +43,7 @@ pub(super) fn handler_thread(inner: &Inner) {
                     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         let mut st = inner.lock();
                         st.stats.colocations += u64::from(pinned);
+                        st.colocated = colocation.as_ref().is_some_and(Colocation::is_pinned);
                         if let Served::NotOurs = inner.serve(&mut st, addr, write) {
                             // Registered with this userfaultfd but no area's: a range the
                             // runtime gave up as the fault was taken. Retried, it meets what

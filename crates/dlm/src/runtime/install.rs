@@ -22,6 +22,17 @@ impl Inner {
         }
     }
 
+    /// Smallest unit received into the shadow and moved in: `MOVE_MIN`, or any while the
+    /// handler thread shares the program's one CPU, where a move's TLB flush stays on that
+    /// CPU and costs less than the page a UFFDIO_COPY allocates, fills and later frees.
+    pub(super) fn move_min(&self, st: &State) -> usize {
+        if st.colocated {
+            self.cfg.base_page
+        } else {
+            MOVE_MIN
+        }
+    }
+
     /// Where the reply for a wholly missing unit whose place in its area's shadow is `place`
     /// is received, decided before its request leaves (cheap: no page is touched):
     /// - the unit's own frames, still at its place: received there;
@@ -144,11 +155,14 @@ impl Inner {
     /// waits on them.
     pub(super) fn move_in_now(&self, dst: usize, src: usize, len: usize, writable: bool) {
         let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
-        let r = uffd
-            .move_pages(dst, src, len, false, false)
-            // Protecting never wakes (fs/userfaultfd.c wakes only on un-protecting).
-            .and_then(|()| if writable { Ok(()) } else { uffd.write_protect(dst, len, true, true) })
-            .and_then(|()| uffd.wake(dst, len));
+        let r = if writable {
+            uffd.move_pages(dst, src, len, true, false)
+        } else {
+            uffd.move_pages(dst, src, len, false, false)
+                // Protecting never wakes (fs/userfaultfd.c wakes only on un-protecting).
+                .and_then(|()| uffd.write_protect(dst, len, true, true))
+                .and_then(|()| uffd.wake(dst, len))
+        };
         if let Err(err) = r {
             crate::fatal(format_args!(
                 "pagewise dlm: installing {dst:#x}+{len:#x} failed: {err} (pages present: {} in the program's view, \
@@ -270,7 +284,7 @@ impl Inner {
         };
         let to_view =
             !readahead && self.mode == FaultMode::Sigbus && len >= self.view_min() && self.program_stopped(st);
-        if !to_view && (len < MOVE_MIN || self.clean_move(st) == CleanMove::Copied) {
+        if !to_view && (len < self.move_min(st) || self.clean_move(st) == CleanMove::Copied) {
             return ReplyInto::Buffer;
         }
         if to_view {

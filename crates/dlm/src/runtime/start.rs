@@ -142,6 +142,7 @@ impl Dlm {
             frames: Frames::with_capacity(1024),
             borrowed: Vec::with_capacity(MAX_PENDING),
             sole_thread: None,
+            colocated: false,
             move_ins: MoveIns::default(),
             set_count,
             resident: 0,
