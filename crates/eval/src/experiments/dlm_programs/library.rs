@@ -15,13 +15,15 @@ use serde_json::json;
 
 use crate::experiments::dlm_vs_swap::parse_output;
 use crate::programs::{self, DlmFlags, Job, Scratch, Wrap};
-use crate::{human_bytes, ratio, Context, Mode, Report, Summary, Table};
+use crate::stats::Paired;
+use crate::{human_bytes, Context, Mode, Report, Summary, Table};
 
 const BT_LIKE: &str = include_str!("../../../programs/bt_like.c");
 const BT_LIBRARY: &str = include_str!("../../../programs/bt_library.c");
 /// bt_like's arrays.
 const ARRAYS: u64 = 7;
-const REPS: usize = 3;
+/// Pairs per case: the fewest whose median has a 95% interval (`stats::median_ci95`).
+const REPS: usize = 6;
 /// (unit, percent of the arrays as local memory).
 const CASES: [(u64, u64); 2] = [(4 << 10, 5), (128 << 10, 50)];
 /// Progress steps: both sides of each case, each repetition.
@@ -158,25 +160,21 @@ pub(crate) fn compare(ctx: &Context, pagewise: &Path, mode: Mode) -> anyhow::Res
 }
 
 pub(crate) fn add_to(report: &mut Report, c: &PathComparison) {
-    let mut t = Table::new(["unit", "local", "pagewise run s", "library s", "run / library (median of paired)"]);
+    let mut t = Table::new(["unit", "local", "pagewise run s", "library s", "run / library, paired [95%]"]);
     for (unit, pct, local, run, lib) in &c.cases {
-        let paired: Vec<f64> = run.iter().zip(lib).map(|(a, b)| ratio(*a, *b)).collect();
-        let r = Summary::of(&paired);
+        let paired = Paired::of(run, lib, |s| *s);
         t.row([
             human_bytes(*unit),
             format!("{pct}% ({})", human_bytes(*local)),
             Summary::of(run).display(3),
             Summary::of(lib).display(3),
-            r.display(3),
+            paired.display(3),
         ]);
-        let key = format!("run_vs_library_time_{}k", unit >> 10);
-        report.figure(&key, r.median);
-        report.figure(&format!("{key}_min"), r.min);
-        report.figure(&format!("{key}_max"), r.max);
+        paired.report(report, &format!("run_vs_library_time_{}k", unit >> 10));
     }
     report.table(
         format!(
-            "The unmodified path against the library path: bt_like ({}³ grid, 7 arrays) under `pagewise run` vs the same source calling dlm_alloc; loop seconds, median [min–max] of {REPS} interleaved pairs",
+            "The unmodified path against the library path: bt_like ({}³ grid, 7 arrays) under `pagewise run` vs the same source calling dlm_alloc; loop seconds, median [min–max] of {REPS} interleaved pairs; the ratio is the median of the pairs' ratios with its 95% interval",
             c.n
         ),
         t,
