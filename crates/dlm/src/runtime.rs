@@ -330,7 +330,7 @@ pub(crate) struct State {
     /// the lock.
     sole_thread: Option<bool>,
     /// The handler thread and the program's one thread share a CPU (handler-thread mode,
-    /// `Colocation`): page-table moves then flush the TLB of that CPU only (`Inner::small_moves`).
+    /// `Colocation`): page-table moves then flush the TLB of that CPU only (`Inner::move_min`).
     colocated: bool,
     /// Clean units moved in while a fault takes its replies, not yet write-protected.
     move_ins: MoveIns,

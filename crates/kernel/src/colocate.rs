@@ -57,9 +57,9 @@ pub fn step(program_threads: u32, pinned: Option<u32>, faulting: Option<u32>) ->
 }
 
 /// How long a fault may act on the thread count read for an earlier one. Reading it is a
-/// system call (fstat of /proc/self/task, about 0.5 µs here), which per fault was 2-4% of a
-/// 4 KiB fault's time; a thread the program starts meanwhile shares its CPU this much longer
-/// at most. A pin is always decided on a fresh count.
+/// system call (fstat of /proc/self/task), which strace showed on every fault of a program
+/// paging at 4 KiB; a thread the program starts meanwhile shares its CPU this much longer at
+/// most. A pin is always decided on a fresh count.
 const RECOUNT_AFTER: Duration = Duration::from_millis(1);
 
 /// The mask a fork child gets back (`restore_in_child`), as sched_setaffinity's bitmap.
