@@ -254,12 +254,18 @@ fn reclaimd_never_lowers_a_limit_into_anonymous_memory() {
     while cg.usage().unwrap() < 100 << 20 && t0.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(5));
     }
+    // What the group holds besides its anonymous memory: unmapped page cache and reclaimable
+    // slab (the holder's start-up, its output). The worker may take that, never more.
+    let reclaimable =
+        |c: &pagewise_kernel::cgroup::Composition| c.file.saturating_sub(c.file_mapped) + c.slab_reclaimable;
+    let mut most_reclaimable = reclaimable(&cg.composition().unwrap());
     let daemon = Daemon::start(&cfg, guard.clone(), Options::default()).unwrap();
     // Watch for one second from the daemon's start, however long filling the group took on
     // a busy machine (a window counted from the fill's start could be over before it began).
     let (mut limits, watch) = (BTreeSet::new(), Instant::now());
     while watch.elapsed() < Duration::from_secs(1) {
         limits.insert(cg.limit().unwrap());
+        most_reclaimable = most_reclaimable.max(reclaimable(&cg.composition().unwrap()));
         std::thread::sleep(Duration::from_millis(2));
     }
     let held = output(holder);
@@ -268,7 +274,14 @@ fn reclaimd_never_lowers_a_limit_into_anonymous_memory() {
     assert_eq!(held["seconds"].as_f64(), Some(4.0), "the workload ran to its end: {held}");
     assert_eq!(cg.oom_kills().unwrap(), 0, "no OOM kill in the group");
     assert_eq!(limits, BTreeSet::from([Some(limit)]), "the limit never changed");
-    assert_eq!(w.reclaim_passes, 0, "no reclaim pass: {w:?}");
+    // A pass that took the group's page cache is allowed (a busy machine leaves some there);
+    // one that took more would have reached into the anonymous memory. The margin is the
+    // kernel's reclaim batch overshoot, a few hundred KiB.
+    assert!(
+        w.reclaimed_bytes <= most_reclaimable + (1 << 20),
+        "reclaimed {} bytes, more than the {most_reclaimable} the group held besides its anonymous memory: {w:?}",
+        w.reclaimed_bytes
+    );
     assert!(w.unsafe_steps_refused > 0, "the worker wanted headroom and refused to take it: {w:?}");
 }
 
