@@ -62,6 +62,21 @@ pub fn step(program_threads: u32, pinned: Option<u32>, faulting: Option<u32>) ->
 /// most. A pin is always decided on a fresh count.
 const RECOUNT_AFTER: Duration = Duration::from_millis(1);
 
+/// The decision a count read `age` ago (`counted`: its age and value) still settles, or None
+/// when the count must be read again: without a fault (the periodic check), once it is
+/// `RECOUNT_AFTER` old, and before any pin.
+pub fn step_on_recent_count(
+    counted: Option<(Duration, u32)>,
+    pinned: Option<u32>,
+    faulting: Option<u32>,
+) -> Option<Step> {
+    let (age, threads) = counted?;
+    if faulting.is_none() || age >= RECOUNT_AFTER {
+        return None;
+    }
+    Some(step(threads, pinned, faulting)).filter(|s| *s != Step::Pin)
+}
+
 /// The mask a fork child gets back (`restore_in_child`), as sched_setaffinity's bitmap.
 static CHILD_MASK: [AtomicU64; 16] = [const { AtomicU64::new(0) }; 16];
 static CHILD_RESTORE: AtomicBool = AtomicBool::new(false);
@@ -115,10 +130,10 @@ impl Colocation {
             return false;
         }
         let pinned = self.pinned.as_ref().map(|p| p.tid);
-        let recent = self.counted.filter(|(at, _)| faulting.is_some() && at.elapsed() < RECOUNT_AFTER);
-        let decision = match recent.map(|(_, n)| step(n, pinned, faulting)) {
-            Some(s) if s != Step::Pin => s,
-            _ => {
+        let counted = self.counted.map(|(at, n)| (at.elapsed(), n));
+        let decision = match step_on_recent_count(counted, pinned, faulting) {
+            Some(s) => s,
+            None => {
                 let Ok(total) = self.threads.get() else { return false };
                 let program = total.saturating_sub(self.own_threads);
                 self.counted = Some((Instant::now(), program));
@@ -248,7 +263,9 @@ fn task_ids() -> Vec<u32> {
 
 #[cfg(test)]
 mod tests {
-    use super::{step, Step};
+    use std::time::Duration;
+
+    use super::{step, step_on_recent_count, Step, RECOUNT_AFTER};
 
     #[test]
     fn one_program_thread_faulting_is_pinned() {
@@ -268,6 +285,20 @@ mod tests {
     #[test]
     fn another_thread_faulting_releases() {
         assert_eq!(step(1, Some(7), Some(8)), Step::Release);
+    }
+
+    #[test]
+    fn a_recent_count_settles_a_fault_but_never_a_pin() {
+        let fresh = Some((Duration::from_micros(100), 1));
+        assert_eq!(step_on_recent_count(fresh, Some(7), Some(7)), Some(Step::Stay));
+        assert_eq!(step_on_recent_count(fresh, Some(7), Some(8)), Some(Step::Release));
+        assert_eq!(step_on_recent_count(Some((Duration::from_micros(100), 3)), None, Some(7)), Some(Step::Stay));
+        // Would pin: read again first.
+        assert_eq!(step_on_recent_count(fresh, None, Some(7)), None);
+        // Too old, never read, or the periodic check without a fault: read again.
+        assert_eq!(step_on_recent_count(Some((RECOUNT_AFTER, 1)), Some(7), Some(7)), None);
+        assert_eq!(step_on_recent_count(None, Some(7), Some(7)), None);
+        assert_eq!(step_on_recent_count(fresh, Some(7), None), None);
     }
 
     #[test]
