@@ -3,6 +3,7 @@
 //! API and the shared state; `hps/period.rs` is what each tracking period does.
 
 use std::cell::Cell;
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -170,6 +171,8 @@ struct Shared {
     promoted: AtomicU64,
     compacted: AtomicU64,
     collapse_failures: AtomicU64,
+    /// Regions the kernel refused to collapse, and how often (see `period::MAX_REFUSALS`).
+    refusals: Mutex<HashMap<usize, u32>>,
     collapse_ns: AtomicU64,
     sent: AtomicU64,
     received: AtomicU64,
@@ -245,6 +248,7 @@ impl Hps {
             promoted: AtomicU64::new(0),
             compacted: AtomicU64::new(0),
             collapse_failures: AtomicU64::new(0),
+            refusals: Mutex::new(HashMap::new()),
             collapse_ns: AtomicU64::new(0),
             sent: AtomicU64::new(0),
             received: AtomicU64::new(0),

@@ -10,7 +10,7 @@ use pagewise_kernel::signal;
 use pagewise_track::plan::PlanConfig;
 use pagewise_track::{report, RegionMode, PAGE, PAGES_PER_REGION};
 
-use crate::policy::{self, Action, Decision, RegionView, TrackState};
+use crate::policy::{self, Action, CollapseOutcome, Decision, RegionView, TrackState};
 use crate::{promote, Result};
 
 use super::{ActivePage, HpsConfig, Notify, Outcome, Shared};
@@ -147,6 +147,10 @@ pub(super) fn process(s: &Shared) -> Result<Outcome> {
                         out.deferred += 1;
                         continue;
                     }
+                    PromoteResult::GivenUp => {
+                        r.set_mode(region, RegionMode::Skip);
+                        continue;
+                    }
                     // No hugepage for a whole region: the active pages can still be compacted,
                     // which takes far fewer hugepages.
                     PromoteResult::NoBudget => {
@@ -191,7 +195,15 @@ enum PromoteResult {
     Done,
     Later,
     NoBudget,
+    /// The kernel refused this region [`MAX_REFUSALS`] times: left on 4 KiB pages for good
+    /// (khugepaged would not collapse it either).
+    GivenUp,
 }
+
+/// Refusals of one region (EAGAIN, EINVAL) before HPS stops asking: a refusal is usually a
+/// page caught mid-fault, but one the kernel keeps refusing costs a collapse attempt (up to
+/// the whole copy, ~5 ms of CPU) at every decision step.
+const MAX_REFUSALS: u32 = 3;
 
 fn try_promote(s: &Shared, addr: usize) -> Result<PromoteResult> {
     let now = s.epoch.elapsed().as_nanos() as u64;
@@ -212,20 +224,30 @@ fn try_promote(s: &Shared, addr: usize) -> Result<PromoteResult> {
     let cpu = (signal::thread_cpu_time() - cpu0).as_nanos() as u64;
     let end = s.epoch.elapsed().as_nanos() as u64;
     s.collapse_ns.fetch_add(end - now, Ordering::Relaxed);
-    s.backoff.lock().expect("backoff lock").record(end, cpu, res.is_ok());
-    match res {
-        Ok(_) => {
-            s.promoted.fetch_add(1, Ordering::Relaxed);
-            Ok(PromoteResult::Done)
-        }
-        Err(_) => {
-            s.collapse_failures.fetch_add(1, Ordering::Relaxed);
-            if let Some(b) = budget.as_ref() {
-                b.give_back(1)?;
-            }
-            Ok(PromoteResult::Later)
+    let outcome = match &res {
+        Ok(_) => CollapseOutcome::Done,
+        Err(e) => CollapseOutcome::of_errno(e.errno()),
+    };
+    s.backoff.lock().expect("backoff lock").record(end, cpu, outcome);
+    if res.is_ok() {
+        s.promoted.fetch_add(1, Ordering::Relaxed);
+        s.refusals.lock().expect("refusals lock").remove(&addr);
+        return Ok(PromoteResult::Done);
+    }
+    s.collapse_failures.fetch_add(1, Ordering::Relaxed);
+    if let Some(b) = budget.as_ref() {
+        b.give_back(1)?;
+    }
+    if outcome == CollapseOutcome::RegionRefused {
+        let mut refusals = s.refusals.lock().expect("refusals lock");
+        let n = refusals.entry(addr).or_insert(0);
+        *n += 1;
+        if *n >= MAX_REFUSALS {
+            refusals.remove(&addr);
+            return Ok(PromoteResult::GivenUp);
         }
     }
+    Ok(PromoteResult::Later)
 }
 
 pub(super) fn tracking_loop(s: &Shared) {
