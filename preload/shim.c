@@ -471,7 +471,7 @@ __attribute__((destructor)) static void shim_fini(void) {
                 "refused (left in libc)\n", atomic_load(&pw_routed_count), pw_arena->name,
                 atomic_load(&pw_routed_bytes) >> 20, atomic_load(&pw_routed_peak) >> 20, atomic_load(&pw_fallbacks));
     pw_in_shim++;
-    char line[256];
+    char line[384];
     if (report && pw_arena->summary && pw_arena->summary(line, sizeof line) == 0)
         pw_note("pagewise: %s\n", line);
     /* What the run reports (the tuner's decisions) is the started program's: a process it

@@ -45,11 +45,13 @@ pub fn memory_bytes<E>(vmas: &[Vma], mut memfd_bytes: impl FnMut(&Vma) -> Result
 }
 
 /// Whether a /proc/PID/maps path names a memfd ("/memfd:NAME (deleted)", also for hugetlb
-/// memfds).
+/// memfds) or a file HPS keeps memory in like one (an arena of `pagewise hps run` on its
+/// private tmpfs, "/pagewise-hps.N (deleted)").
 pub fn is_memfd_path(path: &MMapPath) -> bool {
+    let named = |s: &str| s.starts_with("/memfd:") || pagewise_track::is_arena_path(s, "pagewise-hps");
     match path {
-        MMapPath::Path(p) => p.to_str().is_some_and(|s| s.starts_with("/memfd:")),
-        MMapPath::Other(s) => s.starts_with("/memfd:"),
+        MMapPath::Path(p) => p.to_str().is_some_and(named),
+        MMapPath::Other(s) => named(s),
         _ => false,
     }
 }
@@ -100,6 +102,7 @@ mod tests {
     fn memfd_paths_are_recognised() {
         assert!(is_memfd_path(&MMapPath::from("/memfd:pagewise-hps (deleted)").unwrap()));
         assert!(is_memfd_path(&MMapPath::Other("/memfd:pagewise-hps-compact (deleted)".into())));
+        assert!(is_memfd_path(&MMapPath::from("/pagewise-hps.3 (deleted)").unwrap()));
         assert!(!is_memfd_path(&MMapPath::from("/usr/lib/libc.so.6").unwrap()));
         assert!(!is_memfd_path(&MMapPath::Anonymous));
     }

@@ -57,6 +57,12 @@ enum Command {
         /// tracking fault's two wake-ups then stay on one CPU.
         #[arg(long)]
         no_colocate: bool,
+        /// Give no hugepage at first touch. By default a region ahead of a dense fill (memory
+        /// the program writes front to back, 2 MiB after 2 MiB) gets its hugepage when the
+        /// program first touches it, instead of 4 KiB pages collapsed later; this needs a tmpfs
+        /// of HPS's own (root), and without one HPS goes without. See docs/hps.md.
+        #[arg(long)]
+        no_first_touch: bool,
         /// The program and its arguments.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         program: Vec<String>,
@@ -65,8 +71,9 @@ enum Command {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
-        Command::Run { min_alloc, promote_fraction, interval_ms, no_colocate, program } => {
-            run_program(&min_alloc, promote_fraction, interval_ms, !no_colocate, &program)
+        Command::Run { min_alloc, promote_fraction, interval_ms, no_colocate, no_first_touch, program } => {
+            let placement = Placement { colocate: !no_colocate, first_touch_huge: !no_first_touch };
+            run_program(&min_alloc, promote_fraction, interval_ms, placement, &program)
         }
         Command::Report { pid, active_only } => {
             anyhow::ensure!(pid > 0, "--pid must be a positive process id");
@@ -98,12 +105,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Where `pagewise hps run` puts things: the handler beside the program (`--no-colocate`),
+/// hugepages at first touch ahead of dense fills (`--no-first-touch`).
+struct Placement {
+    colocate: bool,
+    first_touch_huge: bool,
+}
+
 /// `pagewise hps run`: the program under the shim with the HPS arena.
 fn run_program(
     min_alloc: &str,
     promote_fraction: f64,
     interval_ms: u32,
-    colocate: bool,
+    placement: Placement,
     program: &[String],
 ) -> anyhow::Result<ExitCode> {
     let min = pagewise_dlm::parse_size(min_alloc)?;
@@ -135,7 +149,8 @@ fn run_program(
         .env("PAGEWISE_HPS_PROMOTE_FRACTION", promote_fraction.to_string())
         .env("PAGEWISE_HPS_INTERVAL_MS", interval_ms.to_string())
         .env("PAGEWISE_HPS_LOG", "1")
-        .env("PAGEWISE_HPS_COLOCATE", if colocate { "1" } else { "0" })
+        .env("PAGEWISE_HPS_COLOCATE", if placement.colocate { "1" } else { "0" })
+        .env("PAGEWISE_HPS_FIRST_TOUCH", if placement.first_touch_huge { "1" } else { "0" })
         .spawn()
         .with_context(|| format!("starting {}", program[0]))?;
     let status = crate::foreground::wait(&mut child, &program[0])?;

@@ -106,7 +106,9 @@ fn jvm_gives_the_same_sums() {
     }
     let d = scratch("hps-java");
     let (tracked, err) = compat::jvm_same_sums(d.path(), &Wrap::Hps { min_alloc: 128 << 10 }, |pid| {
-        compat::mapping_bytes(pid, |header, _| header.contains("/memfd:pagewise-hps"))
+        compat::mapping_bytes(pid, |header, _| {
+            header.split_whitespace().nth(5).is_some_and(|p| pagewise_track::is_arena_path(p, "pagewise-hps"))
+        })
     });
     let routed = routed_allocations(&err, "hps").unwrap_or(0);
     assert!(routed >= 1 && tracked > 0, "nothing of the JVM is in HPS memory ({routed} routed)\n{}", tail(&err));

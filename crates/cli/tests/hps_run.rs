@@ -87,9 +87,49 @@ fn hot_array_under_hps(flags: &[&str]) -> Option<String> {
     Some(cpus)
 }
 
+/// Promotion: the array written in 4 KiB pages, its hot part collapsed.
 #[test]
 fn hot_array_gives_the_same_checksum_and_gets_hugepages() {
-    hot_array_under_hps(&[]);
+    hot_array_under_hps(&["--no-first-touch"]);
+}
+
+/// First-touch hugepages: hot_array writes its 64 MiB front to back, so the regions ahead of
+/// the fill are advised and get their hugepages when first written (the kernel's count), and
+/// the checksum is the plain run's.
+#[test]
+fn a_dense_fill_gets_hugepages_at_first_touch() {
+    let Some((direct, run, err)) = direct_and_under_hps_with("hot_array", &[], &["0"], &["60"]) else { return };
+    assert_eq!(String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&direct.stdout), "{err}");
+    let advised: u64 = err
+        .lines()
+        .find_map(|l| {
+            l.split("; ").find_map(|p| p.strip_suffix(" region(s) advised ahead of a dense fill")?.parse().ok())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no first-touch count in the report:
+{err}"
+            )
+        });
+    assert!(
+        advised >= 8,
+        "only {advised} of the 32 regions advised:
+{err}"
+    );
+    let pmd: u64 = err
+        .lines()
+        .find_map(|l| l.strip_prefix("hot_array: ShmemPmdMapped ")?.split_once(" kB")?.0.parse().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "no ShmemPmdMapped line:
+{err}"
+            )
+        });
+    assert!(
+        pmd >= 8 * 2048,
+        "{pmd} kB PMD-mapped:
+{err}"
+    );
 }
 
 /// The tracker's handler keeps the program's one thread company: pinned together to one CPU
@@ -102,11 +142,11 @@ fn the_tracker_handler_pins_a_one_thread_program_unless_told_not_to() {
         pagewise_kernel::testing::skip("co-location needs two CPUs in this test's mask");
         return;
     }
-    let Some(pinned) = hot_array_under_hps(&[]) else { return };
+    let Some(pinned) = hot_array_under_hps(&["--no-first-touch"]) else { return };
     let pinned = pagewise_kernel::cpu::parse_cpulist(&pinned).unwrap();
     assert_eq!(pinned.len(), 1, "pinned to one CPU: {pinned:?}");
     assert!(pinned.is_subset(&mine), "{pinned:?} within {mine:?}");
-    let Some(free) = hot_array_under_hps(&["--no-colocate"]) else { return };
+    let Some(free) = hot_array_under_hps(&["--no-colocate", "--no-first-touch"]) else { return };
     assert_eq!(pagewise_kernel::cpu::parse_cpulist(&free).unwrap(), mine, "--no-colocate leaves the mask alone");
 }
 

@@ -210,6 +210,7 @@ pub extern "C" fn hps_preload_start(promote_fraction: f64, interval_ms: u32) -> 
             sample_pages: PRELOAD_SAMPLE_PAGES,
             log_state: std::env::var_os("PAGEWISE_HPS_LOG").is_some_and(|v| v == "1"),
             colocate: std::env::var_os("PAGEWISE_HPS_COLOCATE").is_none_or(|v| v != "0"),
+            first_touch_huge: std::env::var_os("PAGEWISE_HPS_FIRST_TOUCH").is_none_or(|v| v != "0"),
             ..d
         };
         // A process exec'd by a pinned program gets the program's CPUs back.
@@ -264,8 +265,8 @@ pub unsafe extern "C" fn hps_preload_state(buf: *mut c_char, n: usize) -> c_int 
             TrackState::Converged => "tracking converged at exit",
         };
         let line = format!(
-            "hps: {at_exit}; converged {} time(s), restarted {} time(s), {} probe(s) while converged",
-            st.converge_stops, st.converge_restarts, st.probes
+            "hps: {} region(s) advised ahead of a dense fill; {at_exit}; converged {} time(s), restarted {} time(s), {} probe(s) while converged",
+            st.first_touch_regions, st.converge_stops, st.converge_restarts, st.probes
         );
         let len = line.len().min(n - 1);
         // SAFETY: the caller guarantees `buf` is valid for `n` bytes and `len < n`.

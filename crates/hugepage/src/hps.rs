@@ -20,8 +20,10 @@ use crate::fairness::{self, Budget};
 use crate::policy::{Backoff, ConvergeRule, Convergence, Decision, RegionRule, RegionView, TrackState};
 use crate::{Error, Result};
 
+mod fill_watch;
 mod period;
 
+use fill_watch::FillWatch;
 use period::{active_pages, classify, notify, plan_cfg, process, publish_live, published_ranges, tracking_loop};
 
 /// How the process hears about active pages.
@@ -74,6 +76,9 @@ pub struct HpsConfig {
     /// affinity of the application's thread, which an application embedding HPS may manage
     /// itself.
     pub colocate: bool,
+    /// Give regions ahead of a dense fill a hugepage at their first touch ([`crate::fill`];
+    /// `pagewise hps run`). Needs a tmpfs of its own (CAP_SYS_ADMIN); without it, off.
+    pub first_touch_huge: bool,
 }
 
 impl Default for HpsConfig {
@@ -94,6 +99,7 @@ impl Default for HpsConfig {
             probe_pages: 8,
             log_state: false,
             colocate: false,
+            first_touch_huge: false,
         }
     }
 }
@@ -122,6 +128,8 @@ pub struct HpsStats {
     pub promoted_regions: u64,
     pub compacted_pages: u64,
     pub collapse_failures: u64,
+    /// Regions advised ahead of a dense fill (a hugepage at their first touch).
+    pub first_touch_regions: u64,
     pub notifications_sent: u64,
     pub notifications_received: u64,
     pub decision_steps: u64,
@@ -171,6 +179,8 @@ struct Shared {
     promoted: AtomicU64,
     compacted: AtomicU64,
     collapse_failures: AtomicU64,
+    /// First-touch hugepages ahead of dense fills, when configured and possible.
+    fill: Option<FillWatch>,
     /// Regions the kernel refused to collapse, and how often (see `period::MAX_REFUSALS`).
     refusals: Mutex<HashMap<usize, u32>>,
     collapse_ns: AtomicU64,
@@ -217,6 +227,7 @@ impl Hps {
             None => None,
         };
         let notify = cfg.notify;
+        let first_touch_huge = cfg.first_touch_huge;
         let conv = cfg.converge.map(Convergence::new);
         // The runtime's threads besides the program's: the tracking thread, the service
         // thread (with Notify::Handler) and the tracker's handler thread.
@@ -248,6 +259,7 @@ impl Hps {
             promoted: AtomicU64::new(0),
             compacted: AtomicU64::new(0),
             collapse_failures: AtomicU64::new(0),
+            fill: if first_touch_huge { FillWatch::new() } else { None },
             refusals: Mutex::new(HashMap::new()),
             collapse_ns: AtomicU64::new(0),
             sent: AtomicU64::new(0),
@@ -304,7 +316,10 @@ impl Hps {
 
     /// Memory HPS tracks: a 2 MiB aligned arena of at least `len` bytes.
     pub fn alloc(&self, len: usize) -> Result<*mut u8> {
-        let arena = TrackedArena::new("pagewise-hps", len)?;
+        let arena = match &self.shared.fill {
+            Some(f) => f.new_arena("pagewise-hps", len)?,
+            None => TrackedArena::new("pagewise-hps", len)?,
+        };
         self.shared.tracker.track(arena.addr(), arena.len())?;
         let p = arena.as_ptr();
         self.shared.arenas.lock().expect("arenas lock").push(arena);
@@ -320,6 +335,9 @@ impl Hps {
         let mut arenas = self.shared.arenas.lock().expect("arenas lock");
         let pos = arenas.iter().position(|a| a.addr() == addr).ok_or(pagewise_track::Error::NotTracked(addr))?;
         self.shared.tracker.untrack(addr)?;
+        if let Some(f) = &self.shared.fill {
+            f.forget_arena(addr);
+        }
         drop(arenas.remove(pos));
         Ok(())
     }
@@ -547,6 +565,7 @@ impl Hps {
             promoted_regions: s.promoted.load(Ordering::Relaxed),
             compacted_pages: s.compacted.load(Ordering::Relaxed),
             collapse_failures: s.collapse_failures.load(Ordering::Relaxed),
+            first_touch_regions: s.fill.as_ref().map_or(0, |f| f.advised.load(Ordering::Relaxed)),
             notifications_sent: s.sent.load(Ordering::Relaxed),
             notifications_received: s.received.load(Ordering::Relaxed),
             decision_steps: s.steps.load(Ordering::Relaxed),

@@ -23,6 +23,7 @@
 pub mod capi;
 pub mod compact;
 pub mod fairness;
+pub mod fill;
 pub mod hp_alloc;
 pub mod hp_alloc_capi;
 pub mod hps;

@@ -33,6 +33,7 @@ pub mod swap;
 pub mod testbed;
 pub mod testing;
 pub mod thp;
+pub mod tmpfs;
 pub mod tracefs;
 pub mod uffd;
 

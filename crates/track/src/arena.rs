@@ -9,6 +9,7 @@
 use std::sync::Mutex;
 
 use pagewise_kernel::mem::{self, align_up, Advice, MapOptions, Mapping, HUGE_PMD};
+use pagewise_kernel::tmpfs::HugeTmpfs;
 
 use crate::Result;
 
@@ -30,9 +31,21 @@ pub struct TrackedArena {
 impl TrackedArena {
     /// A new arena of at least `len` bytes (rounded up to 2 MiB). Nothing is populated.
     pub fn new(name: &str, len: usize) -> Result<Self> {
+        Self::on(None, name, len)
+    }
+
+    /// The same, its memory a file of `fs` when given (huge-capable: a 2 MiB range advised with
+    /// MADV_HUGEPAGE gets a hugepage at its first touch), else a memfd.
+    pub fn on(fs: Option<&HugeTmpfs>, name: &str, len: usize) -> Result<Self> {
         let len = align_up(len.max(1), HUGE_PMD);
-        let fd = mem::memfd_create(name, None)?;
-        mem::ftruncate(&fd, len as u64)?;
+        let fd = match fs {
+            Some(fs) => fs.create(name, len as u64)?,
+            None => {
+                let fd = mem::memfd_create(name, None)?;
+                mem::ftruncate(&fd, len as u64)?;
+                fd
+            }
+        };
         let view =
             Mapping::of_fd(&fd, len, 0, &MapOptions { shared: true, align: Some(HUGE_PMD), ..Default::default() })?;
         let alias = Mapping::of_fd(&fd, len, 0, &MapOptions { shared: true, ..Default::default() })?;
@@ -67,6 +80,24 @@ impl TrackedArena {
             return 0;
         }
         v.iter().filter(|&&b| b & 1 != 0).count() as u64 * mem::page_size() as u64
+    }
+
+    /// Whether page `page` of 2 MiB region `region` is in memory (mincore(2) of one page of
+    /// the alias: a page whose mapping the tracker dropped still counts).
+    pub fn page_resident(&self, region: usize, page: usize) -> bool {
+        let mut v = [0u8; 1];
+        let at = self.alias.addr() + region * HUGE_PMD + page * mem::page_size();
+        at < self.alias.addr() + self.len && mem::mincore(at, mem::page_size(), &mut v).is_ok() && v[0] & 1 != 0
+    }
+
+    /// Pages of 2 MiB region `region` in memory.
+    pub fn region_resident_pages(&self, region: usize) -> u32 {
+        let mut v = vec![0u8; HUGE_PMD / mem::page_size()];
+        let at = self.alias.addr() + region * HUGE_PMD;
+        if at >= self.alias.addr() + self.len || mem::mincore(at, HUGE_PMD, &mut v).is_err() {
+            return 0;
+        }
+        v.iter().filter(|&&b| b & 1 != 0).count() as u32
     }
 
     /// Free the memory behind `[addr, addr+len)` of the view, where it is still the arena's
@@ -148,6 +179,20 @@ impl TrackedArena {
     }
 }
 
+/// Whether `path`, a /proc/PID/maps path, is the file behind an arena made under `name`: a
+/// memfd (`/memfd:NAME (deleted)`) or a file of a huge-capable tmpfs (`/NAME.N (deleted)`).
+pub fn is_arena_path(path: &str, name: &str) -> bool {
+    let tmpfs_file =
+        path.strip_prefix('/').and_then(|p| p.strip_prefix(name)).and_then(|p| p.strip_prefix('.')).is_some_and(|p| {
+            p.split(' ').next().is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        });
+    tmpfs_file
+        || path
+            .strip_prefix("/memfd:")
+            .and_then(|p| p.strip_prefix(name))
+            .is_some_and(|p| p.is_empty() || p.starts_with(' '))
+}
+
 impl Drop for TrackedArena {
     fn drop(&mut self) {
         for (a, n) in self.live_parts(self.addr, self.len) {
@@ -178,6 +223,34 @@ mod tests {
         a.release(a.addr(), 1 << 20).unwrap();
         assert_eq!(a.resident_bytes(), 0);
         assert!(a.release(a.addr() + (4 << 20), 4096).is_err());
+    }
+
+    #[test]
+    fn an_arena_on_a_huge_tmpfs_gets_hugepages_where_advised_and_counts_residency_per_region() {
+        let fs = HugeTmpfs::new().unwrap();
+        let a = TrackedArena::on(Some(&fs), "pw-arena-tmpfs", 4 << 20).unwrap();
+        mem::madvise(a.addr() + (2 << 20), 2 << 20, Advice::HugePage).unwrap();
+        // SAFETY: our own shared mapping.
+        unsafe {
+            mem::touch_pages(a.addr(), 64 << 10);
+            (a.addr() as *mut u8).add((2 << 20) + 4096).write(1);
+        }
+        assert_eq!(a.region_resident_pages(0), 16);
+        assert!(a.page_resident(0, 15) && !a.page_resident(0, 16));
+        // One touch of the advised region brought in its whole hugepage.
+        assert_eq!(a.region_resident_pages(1), 512);
+        assert!(!a.page_resident(2, 0));
+        assert_eq!(a.region_resident_pages(2), 0);
+    }
+
+    #[test]
+    fn arena_paths_are_told_from_other_files() {
+        assert!(is_arena_path("/memfd:pagewise-hps (deleted)", "pagewise-hps"));
+        assert!(is_arena_path("/pagewise-hps.12 (deleted)", "pagewise-hps"));
+        assert!(!is_arena_path("/memfd:pagewise-hps-compact (deleted)", "pagewise-hps"));
+        assert!(!is_arena_path("/pagewise-hps.x (deleted)", "pagewise-hps"));
+        assert!(!is_arena_path("/usr/lib/pagewise-hps.1", "pagewise-hps"));
+        assert!(!is_arena_path("/tmp/pagewise-hps.1", "pagewise-hps"));
     }
 
     #[test]

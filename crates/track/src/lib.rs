@@ -30,7 +30,7 @@ pub mod report;
 mod table;
 pub mod wp_async;
 
-pub use arena::TrackedArena;
+pub use arena::{is_arena_path, TrackedArena};
 pub use minor::{Delivery, MinorTracker, TrackedRange, TrackerStats};
 pub use plan::{PlanConfig, RegionMode};
 pub use wp_async::WriteTracker;

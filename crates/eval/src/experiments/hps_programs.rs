@@ -15,9 +15,9 @@
 //! Outputs are compared with the plain run's (crates/eval/src/programs).
 //!
 //! Memory: the program's peak, sampled every 20 ms, of VmRSS − RssShmem + the blocks of its
-//! `pagewise-hps` memfds (RSS misses the tracked memfds' pages whose mappings the tracker
-//! dropped; their blocks are the pages themselves: the same measure as kvcache's
-//! `memory_bytes`); for servers, after the reads. The goal (issue 22):
+//! `pagewise-hps` arena files, memfds or files of HPS's private tmpfs (RSS misses the tracked
+//! pages whose mappings the tracker dropped; the files' blocks are the pages themselves: the
+//! same measure as kvcache's `memory_bytes`); for servers, after the reads. The goal (issue 22):
 //! memory(hps run) ≤ memory(plain) + 5% × (memory(THP always) − memory(plain));
 //! `hps_run_memory_vs_goal` is the first over the second (≤ 1 meets it).
 
@@ -77,7 +77,9 @@ pub(crate) fn memory_of(pid: u32) -> Option<u64> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
     let mut seen = std::collections::BTreeSet::new();
     let mut memfd = 0;
-    for line in maps.lines().filter(|l| l.contains("/memfd:pagewise-hps")) {
+    let arena =
+        |l: &&str| l.split_whitespace().nth(5).is_some_and(|p| pagewise_track::is_arena_path(p, "pagewise-hps"));
+    for line in maps.lines().filter(arena) {
         let Some(range) = line.split_whitespace().next() else { continue };
         if let Ok(m) = std::fs::metadata(format!("/proc/{pid}/map_files/{range}")) {
             use std::os::unix::fs::MetadataExt;

@@ -282,7 +282,14 @@ pub(super) fn tracking_loop(s: &Shared) {
             if woken || left.is_zero() {
                 break;
             }
-            std::thread::park_timeout(left);
+            // A dense fill is followed at its own pace, not the period's.
+            match s.fill.as_ref().and_then(|f| Some((f, f.next_check()?))) {
+                Some((f, step)) if !converged && left > step => {
+                    std::thread::park_timeout(step);
+                    f.check(s);
+                }
+                _ => std::thread::park_timeout(left),
+            }
         }
         if s.stop.load(Ordering::Acquire) || !s.tracking.load(Ordering::Acquire) {
             continue;

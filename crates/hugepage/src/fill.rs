@@ -1,0 +1,386 @@
+//! First-touch hugepages ahead of a dense fill (`pagewise hps run`): the rule, pure.
+//!
+//! A program nobody tuned for HPS often writes a large allocation front to back (GNU sort
+//! reads its input into a 256 MiB buffer at about 1 GiB/s) and then uses all of it. HPS's
+//! tracker promotes such regions only after it has seen them used — each one first faulted in
+//! 4 KiB at a time, then observed, then copied into a hugepage by MADV_COLLAPSE — which THP
+//! `always` skips by giving the hugepage at the first touch. A region written densely costs the
+//! same memory as a hugepage or as 512 small pages, so giving it a hugepage at once bloats
+//! nothing; the only risk is a region predicted dense that the program then touches sparsely.
+//!
+//! The rule follows fill *fronts*. A region some of whose pages are in memory is partial; once
+//! at least [`DENSE_PAGES`] of its 512 are, it is dense. A dense region next to another dense
+//! one is a front moving in that direction, and the regions ahead of it that are still empty
+//! are advised (MADV_HUGEPAGE on a huge-capable tmpfs: the next first touch of each allocates
+//! a hugepage); each is probed just before, and the window ends at one that is not empty. The window doubles with each dense region the same front added (1, 2, 4, up
+//! to [`MAX_WINDOW`] regions), as read-ahead does, so a front the checks lag behind is caught
+//! up with in a few checks. A dense region with no dense neighbour starts a front towards its
+//! partial neighbour, if one (and only one) is partial.
+//!
+//! What can go wrong, and the bound on it. An advised region the program never touches costs
+//! nothing. One it touches sparsely gets a whole hugepage (up to 2 MiB for at most
+//! [`MAX_WINDOW`] regions a front). An advised region that was already partly written when the
+//! advice came stays on small pages (tmpfs allocates a hugepage only into an empty 2 MiB
+//! range); while such a region keeps changing it is left alone, and once it stops changing
+//! short of dense it is un-advised, so khugepaged does not later fill its holes.
+//!
+//! Checking costs: a region is probed by its first and last pages (two mincore(2) calls of
+//! one page) while empty, at most `probe_budget` regions a check, and counted (mincore of its
+//! 512 pages) only while partial or advised.
+
+/// Pages of a region's 512 in memory from which it counts as dense (7/8).
+pub const DENSE_PAGES: u32 = 448;
+/// Most regions advised ahead of one front.
+pub const MAX_WINDOW: usize = 8;
+/// Pages per region.
+const REGION_PAGES: u32 = 512;
+/// Checks in a row an advised, partly written region may stay unchanged before it is
+/// un-advised.
+const STALL_CHECKS: u8 = 2;
+
+/// What the rule asks of memory.
+pub trait Residency {
+    /// Whether page `page` (0..512) of region `region` is in memory.
+    fn page(&mut self, region: usize, page: u32) -> bool;
+    /// Pages of region `region` in memory, 0..=512.
+    fn count(&mut self, region: usize) -> u32;
+}
+
+/// What to do to the memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Advice {
+    /// MADV_HUGEPAGE on `count` regions from `first`; HPS does not track them.
+    Huge { first: usize, count: usize },
+    /// MADV_NOHUGEPAGE on region `region`; HPS tracks it again.
+    Small { region: usize },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Empty,
+    Partial,
+    Dense,
+    /// Advised; the count at the last check and the checks it has not changed for.
+    Advised {
+        count: u32,
+        still: u8,
+    },
+    /// Advised and dense (a hugepage, or filled densely in small pages), or un-advised:
+    /// nothing more to do.
+    Settled,
+}
+
+/// The rule's state for one arena of `regions` 2 MiB regions.
+#[derive(Clone, Debug)]
+pub struct FillFronts {
+    state: Vec<State>,
+    /// Next empty region to probe.
+    cursor: usize,
+}
+
+impl FillFronts {
+    pub fn new(regions: usize) -> FillFronts {
+        FillFronts { state: vec![State::Empty; regions], cursor: 0 }
+    }
+
+    /// Whether a check can still change anything (some region is not settled or dense).
+    pub fn active(&self) -> bool {
+        self.state.iter().any(|s| !matches!(s, State::Settled | State::Dense))
+    }
+
+    /// One check: count partial and advised regions, probe up to `probe_budget` empty ones,
+    /// and say what to advise. Returns whether any region changed state (the caller checks
+    /// sooner while something changes).
+    pub fn check(&mut self, mem: &mut impl Residency, probe_budget: usize, out: &mut Vec<Advice>) -> bool {
+        let n = self.state.len();
+        let mut changed = false;
+        let mut dense_now = Vec::new();
+        for r in 0..n {
+            match self.state[r] {
+                State::Partial => {
+                    if mem.count(r) >= DENSE_PAGES {
+                        self.state[r] = State::Dense;
+                        dense_now.push(r);
+                        changed = true;
+                    }
+                }
+                State::Advised { count, still } => {
+                    let c = mem.count(r);
+                    self.state[r] = if c >= DENSE_PAGES {
+                        // The front went through: it goes on from here.
+                        changed = true;
+                        dense_now.push(r);
+                        State::Settled
+                    } else if c == count {
+                        if c > 0 && still + 1 >= STALL_CHECKS {
+                            out.push(Advice::Small { region: r });
+                            changed = true;
+                            State::Settled
+                        } else {
+                            State::Advised { count: c, still: still.saturating_add(u8::from(c > 0)) }
+                        }
+                    } else {
+                        changed = true;
+                        State::Advised { count: c, still: 0 }
+                    };
+                }
+                State::Empty | State::Dense | State::Settled => {}
+            }
+        }
+        let mut probed = 0;
+        for k in 0..n {
+            if probed >= probe_budget {
+                break;
+            }
+            let r = (self.cursor + k) % n;
+            if self.state[r] != State::Empty {
+                continue;
+            }
+            probed += 1;
+            self.cursor = (r + 1) % n;
+            if mem.page(r, 0) || mem.page(r, REGION_PAGES - 1) {
+                changed = true;
+                if mem.count(r) >= DENSE_PAGES {
+                    self.state[r] = State::Dense;
+                    dense_now.push(r);
+                } else {
+                    self.state[r] = State::Partial;
+                }
+            }
+        }
+        for r in dense_now {
+            self.advance(r, mem, out);
+        }
+        changed
+    }
+
+    /// Region `r` just became dense: advise ahead of the front it belongs to.
+    fn advance(&mut self, r: usize, mem: &mut impl Residency, out: &mut Vec<Advice>) {
+        let Some(dir) = self.direction(r) else { return };
+        // Dense regions behind r on this front: the window doubles with each.
+        let mut behind = 0u32;
+        let mut at = r;
+        while let Some(prev) = step(at, -dir, self.state.len()) {
+            if !self.is_dense(prev) {
+                break;
+            }
+            behind += 1;
+            at = prev;
+            if behind >= MAX_WINDOW.trailing_zeros() {
+                break;
+            }
+        }
+        let window = (1usize << behind).min(MAX_WINDOW);
+        let mut first = None;
+        let mut count = 0;
+        let mut at = r;
+        // The region right ahead may be the one being written now (the checks lag behind the
+        // front): the window starts after it.
+        let mut front_passed = false;
+        while count < window {
+            let Some(next) = step(at, dir, self.state.len()) else { break };
+            let state = self.state[next];
+            // Probed now: an empty region may have been written since it was last probed.
+            let written = state == State::Empty && (mem.page(next, 0) || mem.page(next, REGION_PAGES - 1));
+            if written {
+                self.state[next] = State::Partial;
+            }
+            match state {
+                State::Advised { .. } => {
+                    at = next;
+                    continue;
+                }
+                _ if (state == State::Partial || written) && !front_passed && first.is_none() => {
+                    front_passed = true;
+                    at = next;
+                    continue;
+                }
+                State::Empty if !written => {}
+                _ => break,
+            }
+            self.state[next] = State::Advised { count: 0, still: 0 };
+            first = Some(first.map_or(next, |f: usize| f.min(next)));
+            count += 1;
+            at = next;
+        }
+        if let Some(first) = first {
+            out.push(Advice::Huge { first, count });
+        }
+    }
+
+    /// +1 or -1: the way the front through dense region `r` moves, if it can be told.
+    fn direction(&self, r: usize) -> Option<isize> {
+        let n = self.state.len();
+        let at = |d: isize| step(r, d, n).map(|i| self.state[i]);
+        let dense = |d: isize| step(r, d, n).is_some_and(|i| self.is_dense(i));
+        match (dense(-1), dense(1)) {
+            (true, false) => return Some(1),
+            (false, true) => return Some(-1),
+            (true, true) => return None,
+            (false, false) => {}
+        }
+        match (at(-1) == Some(State::Partial), at(1) == Some(State::Partial)) {
+            (true, false) => Some(-1),
+            (false, true) => Some(1),
+            _ => None,
+        }
+    }
+
+    fn is_dense(&self, r: usize) -> bool {
+        matches!(self.state[r], State::Dense | State::Settled)
+    }
+}
+
+fn step(r: usize, d: isize, n: usize) -> Option<usize> {
+    let next = r as isize + d;
+    (0..n as isize).contains(&next).then_some(next as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Memory as a count of pages in each region, written from the start of the region
+    /// (`ascending`) or from its end.
+    struct Fake {
+        pages: Vec<u32>,
+        ascending: bool,
+    }
+
+    impl Residency for Fake {
+        fn page(&mut self, region: usize, page: u32) -> bool {
+            let p = self.pages[region];
+            if self.ascending {
+                page < p
+            } else {
+                page >= REGION_PAGES - p
+            }
+        }
+        fn count(&mut self, region: usize) -> u32 {
+            self.pages[region]
+        }
+    }
+
+    /// Fill `regions` regions in order (`ascending` or from the last), `step_pages` pages
+    /// between checks; an advised region still empty when the fill reaches it is written in
+    /// one go (a hugepage at its first touch). Returns the advice given.
+    fn fill(regions: usize, ascending: bool, step_pages: u32) -> (Vec<Advice>, Vec<bool>) {
+        let mut m = Fake { pages: vec![0; regions], ascending };
+        let mut f = FillFronts::new(regions);
+        let mut advised = vec![false; regions];
+        let mut all = Vec::new();
+        let order: Vec<usize> = if ascending { (0..regions).collect() } else { (0..regions).rev().collect() };
+        let mut left = step_pages;
+        for &r in &order {
+            if advised[r] && m.pages[r] == 0 {
+                m.pages[r] = REGION_PAGES;
+                left = left.saturating_sub(1);
+            }
+            while m.pages[r] < REGION_PAGES {
+                let take = left.min(REGION_PAGES - m.pages[r]);
+                m.pages[r] += take;
+                left -= take;
+                if left == 0 {
+                    let mut out = Vec::new();
+                    f.check(&mut m, regions, &mut out);
+                    for a in &out {
+                        if let Advice::Huge { first, count } = *a {
+                            advised[first..first + count].iter_mut().for_each(|x| *x = true);
+                        }
+                    }
+                    all.extend(out);
+                    left = step_pages;
+                }
+            }
+        }
+        (all, advised)
+    }
+
+    #[test]
+    fn a_front_is_followed_with_a_doubling_window_in_either_direction() {
+        for ascending in [true, false] {
+            let (advice, advised) = fill(64, ascending, 600);
+            assert!(!advice.iter().any(|a| matches!(a, Advice::Small { .. })), "{advice:?}");
+            // The first regions are seen filling; most of the rest get their hugepage first.
+            let got = advised.iter().filter(|&&a| a).count();
+            assert!(got >= 48, "ascending {ascending}: {got} of 64 advised: {advice:?}");
+        }
+    }
+
+    #[test]
+    fn nothing_is_advised_without_a_front() {
+        // Scattered dense regions with empty neighbours on both sides: no direction.
+        let mut m = Fake { pages: vec![0; 16], ascending: true };
+        for r in [2, 6, 10] {
+            m.pages[r] = REGION_PAGES;
+        }
+        let mut f = FillFronts::new(16);
+        let mut out = Vec::new();
+        f.check(&mut m, 16, &mut out);
+        f.check(&mut m, 16, &mut out);
+        assert!(out.is_empty(), "{out:?}");
+    }
+
+    #[test]
+    fn an_advised_region_written_sparsely_is_un_advised_once_it_stops_changing() {
+        let mut m = Fake { pages: vec![0; 8], ascending: true };
+        let mut f = FillFronts::new(8);
+        let mut out = Vec::new();
+        m.pages[0] = REGION_PAGES;
+        m.pages[1] = 10;
+        f.check(&mut m, 8, &mut out);
+        // Region 1 is the front being written: the window starts after it.
+        assert_eq!(out, vec![Advice::Huge { first: 2, count: 1 }]);
+        m.pages[1] = REGION_PAGES;
+        f.check(&mut m, 8, &mut out);
+        // Two dense regions behind the front now: a window of two.
+        assert_eq!(out, vec![Advice::Huge { first: 2, count: 1 }, Advice::Huge { first: 3, count: 2 }]);
+        // Region 2 was written in small pages before the advice took effect, and stops at 40.
+        m.pages[2] = 40;
+        out.clear();
+        for _ in 0..4 {
+            f.check(&mut m, 8, &mut out);
+        }
+        assert_eq!(out, vec![Advice::Small { region: 2 }]);
+        // Regions 3 and 4, advised and never touched, cost nothing and stay advised.
+        assert!(f.active());
+    }
+
+    proptest! {
+        /// Whatever memory looks like from check to check: every region is advised at most
+        /// once and only while it is empty, un-advised only after it was advised, and each
+        /// advice is a run of at most MAX_WINDOW regions inside the arena.
+        #[test]
+        fn advice_is_bounded_and_only_for_empty_regions(
+            steps in proptest::collection::vec(proptest::collection::vec(0u32..=512, 12), 1..30),
+            budget in 1usize..12,
+        ) {
+            let mut f = FillFronts::new(12);
+            let mut advised = [false; 12];
+            let mut small = [false; 12];
+            for pages in steps {
+                let mut m = Fake { pages: pages.clone(), ascending: true };
+                let mut out = Vec::new();
+                f.check(&mut m, budget, &mut out);
+                for a in out {
+                    match a {
+                        Advice::Huge { first, count } => {
+                            prop_assert!((1..=MAX_WINDOW).contains(&count) && first + count <= 12);
+                            for r in first..first + count {
+                                prop_assert!(!advised[r], "region {} advised twice", r);
+                                prop_assert_eq!(pages[r], 0, "region {} advised with pages in memory", r);
+                                advised[r] = true;
+                            }
+                        }
+                        Advice::Small { region } => {
+                            prop_assert!(advised[region] && !small[region]);
+                            small[region] = true;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
