@@ -1,28 +1,31 @@
 //! First-touch hugepages ahead of a dense fill (`pagewise hps run`): the rule, pure.
 //!
 //! A program nobody tuned for HPS often writes a large allocation front to back (GNU sort
-//! reads its input into a 256 MiB buffer at about 1 GiB/s) and then uses all of it. HPS's
+//! reads 64 MiB of input into its buffer in about 80 ms) and then uses all of it. HPS's
 //! tracker promotes such regions only after it has seen them used — each one first faulted in
 //! 4 KiB at a time, then observed, then copied into a hugepage by MADV_COLLAPSE — which THP
-//! `always` skips by giving the hugepage at the first touch. A region written densely costs the
-//! same memory as a hugepage or as 512 small pages, so giving it a hugepage at once bloats
-//! nothing; the only risk is a region predicted dense that the program then touches sparsely.
+//! `always` skips by giving the hugepage at the first touch. A region written densely holds
+//! as much memory in one hugepage as in 512 small pages, so giving it a hugepage at once
+//! bloats nothing; the risk is a region predicted dense that the program then writes sparsely.
 //!
 //! The rule follows fill *fronts*. A region some of whose pages are in memory is partial; once
 //! at least [`DENSE_PAGES`] of its 512 are, it is dense. A dense region next to another dense
-//! one is a front moving in that direction, and the regions ahead of it that are still empty
-//! are advised (MADV_HUGEPAGE on a huge-capable tmpfs: the next first touch of each allocates
-//! a hugepage); each is probed just before, and the window ends at one that is not empty. The window doubles with each dense region the same front added (1, 2, 4, up
-//! to [`MAX_WINDOW`] regions), as read-ahead does, so a front the checks lag behind is caught
-//! up with in a few checks. A dense region with no dense neighbour starts a front towards its
-//! partial neighbour, if one (and only one) is partial.
+//! one is a front moving away from that neighbour (a dense region alone starts a front towards
+//! its one partial neighbour, if it has exactly one). The empty regions ahead of the front are
+//! advised (MADV_HUGEPAGE on a huge-capable tmpfs: the first touch of each allocates a
+//! hugepage), each probed just before; the window ends at one that is not empty, except that
+//! the region right ahead may be the one being written as the check runs (checks lag behind a
+//! fast front), and the window then starts after it. The window doubles with each dense region
+//! behind the front (1, 2, 4, up to [`MAX_WINDOW`] regions), as read-ahead does, so a front
+//! the checks lag behind is caught up with in a few checks.
 //!
 //! What can go wrong, and the bound on it. An advised region the program never touches costs
-//! nothing. One it touches sparsely gets a whole hugepage (up to 2 MiB for at most
-//! [`MAX_WINDOW`] regions a front). An advised region that was already partly written when the
-//! advice came stays on small pages (tmpfs allocates a hugepage only into an empty 2 MiB
-//! range); while such a region keeps changing it is left alone, and once it stops changing
-//! short of dense it is un-advised, so khugepaged does not later fill its holes.
+//! nothing. One it writes sparsely gets a whole hugepage: the last region of every front,
+//! where the program stops writing (as under THP always, whose last hugepage of a range is no
+//! fuller), and at most [`MAX_WINDOW`] regions a front if the program skips about. An advised
+//! region already partly written when the advice came stays on small pages (tmpfs allocates a
+//! hugepage only into an empty 2 MiB range); once it stops changing short of dense it is
+//! un-advised, so khugepaged does not later fill its holes.
 //!
 //! Checking costs: a region is probed by its first and last pages (two mincore(2) calls of
 //! one page) while empty, at most `probe_budget` regions a check, and counted (mincore of its
@@ -34,9 +37,11 @@ pub const DENSE_PAGES: u32 = 448;
 pub const MAX_WINDOW: usize = 8;
 /// Pages per region.
 const REGION_PAGES: u32 = 512;
-/// Checks in a row an advised, partly written region may stay unchanged before it is
-/// un-advised.
+/// Checks in a row a partly written region may stay unchanged before it counts as sparse (and,
+/// if advised, is un-advised).
 const STALL_CHECKS: u8 = 2;
+/// A sparse region is counted again every this many checks.
+const SPARSE_EVERY: u64 = 8;
 
 /// What the rule asks of memory.
 pub trait Residency {
@@ -58,7 +63,17 @@ pub enum Advice {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     Empty,
-    Partial,
+    /// Written in part; the count at the last check and the checks it has not changed for.
+    Partial {
+        count: u32,
+        still: u8,
+    },
+    /// Partial, unchanged for [`STALL_CHECKS`] checks and not on a front: written sparsely or
+    /// done with. Counted only every [`SPARSE_EVERY`] checks (every check would cost a mincore
+    /// of 512 pages for nothing); partial again once it changes.
+    Sparse {
+        count: u32,
+    },
     Dense,
     /// Advised; the count at the last check and the checks it has not changed for.
     Advised {
@@ -76,33 +91,56 @@ pub struct FillFronts {
     state: Vec<State>,
     /// Next empty region to probe.
     cursor: usize,
+    /// Checks so far.
+    checks: u64,
 }
 
 impl FillFronts {
     pub fn new(regions: usize) -> FillFronts {
-        FillFronts { state: vec![State::Empty; regions], cursor: 0 }
+        FillFronts { state: vec![State::Empty; regions], cursor: 0, checks: 0 }
     }
 
-    /// Whether a check can still change anything (some region is not settled or dense).
+    /// Whether a check can still change anything (some region is empty, partial or advised).
     pub fn active(&self) -> bool {
-        self.state.iter().any(|s| !matches!(s, State::Settled | State::Dense))
+        self.state.iter().any(|s| !matches!(s, State::Dense | State::Settled))
     }
 
-    /// One check: count partial and advised regions, probe up to `probe_budget` empty ones,
-    /// and say what to advise. Returns whether any region changed state (the caller checks
-    /// sooner while something changes).
-    pub fn check(&mut self, mem: &mut impl Residency, probe_budget: usize, out: &mut Vec<Advice>) -> bool {
+    /// One check: count partial and advised regions, probe empty ones while `probe_budget`
+    /// lasts (each probe takes one), and say what to advise. Returns whether any region changed
+    /// state (the caller checks sooner while something changes).
+    pub fn check(&mut self, mem: &mut impl Residency, probe_budget: &mut usize, out: &mut Vec<Advice>) -> bool {
         let n = self.state.len();
         let mut changed = false;
         let mut dense_now = Vec::new();
+        self.checks += 1;
+        let recount_sparse = self.checks.is_multiple_of(SPARSE_EVERY);
         for r in 0..n {
             match self.state[r] {
-                State::Partial => {
-                    if mem.count(r) >= DENSE_PAGES {
-                        self.state[r] = State::Dense;
+                State::Sparse { count } if recount_sparse => {
+                    let c = mem.count(r);
+                    if c >= DENSE_PAGES {
                         dense_now.push(r);
                         changed = true;
+                        self.state[r] = State::Dense;
+                    } else if c != count {
+                        changed = true;
+                        self.state[r] = State::Partial { count: c, still: 0 };
                     }
+                }
+                State::Partial { count, still } => {
+                    let c = mem.count(r);
+                    self.state[r] = if c >= DENSE_PAGES {
+                        dense_now.push(r);
+                        changed = true;
+                        State::Dense
+                    } else if c != count {
+                        changed = true;
+                        State::Partial { count: c, still: 0 }
+                    } else if still + 1 >= STALL_CHECKS && !self.on_a_front(r) {
+                        State::Sparse { count: c }
+                    } else {
+                        State::Partial { count: c, still: still.saturating_add(1) }
+                    };
                 }
                 State::Advised { count, still } => {
                     let c = mem.count(r);
@@ -124,27 +162,27 @@ impl FillFronts {
                         State::Advised { count: c, still: 0 }
                     };
                 }
-                State::Empty | State::Dense | State::Settled => {}
+                State::Empty | State::Sparse { .. } | State::Dense | State::Settled => {}
             }
         }
-        let mut probed = 0;
         for k in 0..n {
-            if probed >= probe_budget {
+            if *probe_budget == 0 {
                 break;
             }
             let r = (self.cursor + k) % n;
             if self.state[r] != State::Empty {
                 continue;
             }
-            probed += 1;
+            *probe_budget -= 1;
             self.cursor = (r + 1) % n;
             if mem.page(r, 0) || mem.page(r, REGION_PAGES - 1) {
                 changed = true;
-                if mem.count(r) >= DENSE_PAGES {
+                let c = mem.count(r);
+                if c >= DENSE_PAGES {
                     self.state[r] = State::Dense;
                     dense_now.push(r);
                 } else {
-                    self.state[r] = State::Partial;
+                    self.state[r] = State::Partial { count: c, still: 0 };
                 }
             }
         }
@@ -183,14 +221,14 @@ impl FillFronts {
             // Probed now: an empty region may have been written since it was last probed.
             let written = state == State::Empty && (mem.page(next, 0) || mem.page(next, REGION_PAGES - 1));
             if written {
-                self.state[next] = State::Partial;
+                self.state[next] = State::Partial { count: 0, still: 0 };
             }
             match state {
                 State::Advised { .. } => {
                     at = next;
                     continue;
                 }
-                _ if (state == State::Partial || written) && !front_passed && first.is_none() => {
+                _ if (matches!(state, State::Partial { .. }) || written) && !front_passed && first.is_none() => {
                     front_passed = true;
                     at = next;
                     continue;
@@ -219,11 +257,21 @@ impl FillFronts {
             (true, true) => return None,
             (false, false) => {}
         }
-        match (at(-1) == Some(State::Partial), at(1) == Some(State::Partial)) {
+        let partial = |s: Option<State>| matches!(s, Some(State::Partial { .. }));
+        match (partial(at(-1)), partial(at(1))) {
             (true, false) => Some(-1),
             (false, true) => Some(1),
             _ => None,
         }
+    }
+
+    /// Whether region `r` is next to a dense or advised region: where a front that paused
+    /// would go on, so it is counted every check however long it stays unchanged.
+    fn on_a_front(&self, r: usize) -> bool {
+        [-1, 1]
+            .into_iter()
+            .filter_map(|d| step(r, d, self.state.len()))
+            .any(|i| matches!(self.state[i], State::Dense | State::Settled | State::Advised { .. }))
     }
 
     fn is_dense(&self, r: usize) -> bool {
@@ -264,9 +312,10 @@ mod tests {
     }
 
     /// Fill `regions` regions in order (`ascending` or from the last), `step_pages` pages
-    /// between checks; an advised region still empty when the fill reaches it is written in
-    /// one go (a hugepage at its first touch). Returns the advice given.
-    fn fill(regions: usize, ascending: bool, step_pages: u32) -> (Vec<Advice>, Vec<bool>) {
+    /// between checks, each followed by `pauses` checks that see no change (the program busy
+    /// elsewhere); an advised region still empty when the fill reaches it is written in one go
+    /// (a hugepage at its first touch). Returns the advice given and the regions advised.
+    fn fill(regions: usize, ascending: bool, step_pages: u32, pauses: usize) -> (Vec<Advice>, Vec<bool>) {
         let mut m = Fake { pages: vec![0; regions], ascending };
         let mut f = FillFronts::new(regions);
         let mut advised = vec![false; regions];
@@ -284,7 +333,9 @@ mod tests {
                 left -= take;
                 if left == 0 {
                     let mut out = Vec::new();
-                    f.check(&mut m, regions, &mut out);
+                    for _ in 0..=pauses {
+                        f.check(&mut m, &mut regions.clone(), &mut out);
+                    }
                     for a in &out {
                         if let Advice::Huge { first, count } = *a {
                             advised[first..first + count].iter_mut().for_each(|x| *x = true);
@@ -300,12 +351,13 @@ mod tests {
 
     #[test]
     fn a_front_is_followed_with_a_doubling_window_in_either_direction() {
-        for ascending in [true, false] {
-            let (advice, advised) = fill(64, ascending, 600);
+        for (ascending, pauses) in [(true, 0), (false, 0), (true, 3), (false, 3)] {
+            let (advice, advised) = fill(64, ascending, 600, pauses);
             assert!(!advice.iter().any(|a| matches!(a, Advice::Small { .. })), "{advice:?}");
-            // The first regions are seen filling; most of the rest get their hugepage first.
+            // The first regions are seen filling; most of the rest get their hugepage first,
+            // also when the fill pauses for several checks at a time.
             let got = advised.iter().filter(|&&a| a).count();
-            assert!(got >= 48, "ascending {ascending}: {got} of 64 advised: {advice:?}");
+            assert!(got >= 48, "ascending {ascending}, pauses {pauses}: {got} of 64 advised: {advice:?}");
         }
     }
 
@@ -318,8 +370,8 @@ mod tests {
         }
         let mut f = FillFronts::new(16);
         let mut out = Vec::new();
-        f.check(&mut m, 16, &mut out);
-        f.check(&mut m, 16, &mut out);
+        f.check(&mut m, &mut 16, &mut out);
+        f.check(&mut m, &mut 16, &mut out);
         assert!(out.is_empty(), "{out:?}");
     }
 
@@ -330,18 +382,18 @@ mod tests {
         let mut out = Vec::new();
         m.pages[0] = REGION_PAGES;
         m.pages[1] = 10;
-        f.check(&mut m, 8, &mut out);
+        f.check(&mut m, &mut 8, &mut out);
         // Region 1 is the front being written: the window starts after it.
         assert_eq!(out, vec![Advice::Huge { first: 2, count: 1 }]);
         m.pages[1] = REGION_PAGES;
-        f.check(&mut m, 8, &mut out);
+        f.check(&mut m, &mut 8, &mut out);
         // Two dense regions behind the front now: a window of two.
         assert_eq!(out, vec![Advice::Huge { first: 2, count: 1 }, Advice::Huge { first: 3, count: 2 }]);
         // Region 2 was written in small pages before the advice took effect, and stops at 40.
         m.pages[2] = 40;
         out.clear();
         for _ in 0..4 {
-            f.check(&mut m, 8, &mut out);
+            f.check(&mut m, &mut 8, &mut out);
         }
         assert_eq!(out, vec![Advice::Small { region: 2 }]);
         // Regions 3 and 4, advised and never touched, cost nothing and stay advised.
@@ -363,7 +415,7 @@ mod tests {
             for pages in steps {
                 let mut m = Fake { pages: pages.clone(), ascending: true };
                 let mut out = Vec::new();
-                f.check(&mut m, budget, &mut out);
+                f.check(&mut m, &mut budget.clone(), &mut out);
                 for a in out {
                     match a {
                         Advice::Huge { first, count } => {

@@ -14,8 +14,9 @@ use crate::fill::{self, FillFronts, Residency};
 
 use super::Shared;
 
-/// Regions probed per arena and check while empty: bounds a check's cost on a large arena
-/// (a probe is two one-page mincore calls, about 2 µs).
+/// Empty regions probed per check over all arenas, the arenas taking turns to go first: bounds
+/// a check's cost however much memory is routed (a probe is two one-page mincore calls, about
+/// 2 µs).
 const PROBE_BUDGET: usize = 64;
 /// The first check interval after a change, doubling while nothing changes up to 32 ms.
 const CHECK_MS: u64 = 2;
@@ -23,8 +24,9 @@ const MAX_BACKOFF: u32 = 4;
 
 pub(super) struct FillWatch {
     fs: HugeTmpfs,
-    /// Per arena (its address): the rule's state.
-    fronts: Mutex<Vec<(usize, FillFronts)>>,
+    /// Per arena (its address): the rule's state, and which regions this watch took from the
+    /// tracker (only those it gives back).
+    fronts: Mutex<Vec<(usize, FillFronts, Vec<bool>)>>,
     /// Checks in a row that changed nothing.
     idle: AtomicU32,
     /// Regions advised so far.
@@ -44,13 +46,14 @@ impl FillWatch {
 
     pub(super) fn new_arena(&self, name: &str, len: usize) -> pagewise_track::Result<TrackedArena> {
         let arena = TrackedArena::on(Some(&self.fs), name, len)?;
-        self.fronts.lock().expect("fronts lock").push((arena.addr(), FillFronts::new(arena.len() / HUGE_PMD)));
+        let regions = arena.len() / HUGE_PMD;
+        self.fronts.lock().expect("fronts lock").push((arena.addr(), FillFronts::new(regions), vec![false; regions]));
         self.idle.store(0, Ordering::Relaxed);
         Ok(arena)
     }
 
     pub(super) fn forget_arena(&self, addr: usize) {
-        self.fronts.lock().expect("fronts lock").retain(|(a, _)| *a != addr);
+        self.fronts.lock().expect("fronts lock").retain(|(a, ..)| *a != addr);
     }
 
     /// How long until the next check, or None when no check can change anything.
@@ -58,7 +61,7 @@ impl FillWatch {
         let fronts = self.fronts.lock().expect("fronts lock");
         fronts
             .iter()
-            .any(|(_, f)| f.active())
+            .any(|(_, f, _)| f.active())
             .then(|| Duration::from_millis(CHECK_MS << self.idle.load(Ordering::Relaxed).min(MAX_BACKOFF)))
     }
 
@@ -68,19 +71,24 @@ impl FillWatch {
         let mut fronts = self.fronts.lock().expect("fronts lock");
         let mut changed = false;
         let mut out = Vec::new();
-        for (addr, f) in fronts.iter_mut().filter(|(_, f)| f.active()) {
+        let mut budget = PROBE_BUDGET;
+        // Round robin: the arena that went first goes last next time.
+        if !fronts.is_empty() {
+            fronts.rotate_left(1);
+        }
+        for (addr, f, taken) in fronts.iter_mut().filter(|(_, f, _)| f.active()) {
             let (Some(arena), Some(range)) = (arenas.iter().find(|a| a.addr() == *addr), s.tracker.range_of(*addr))
             else {
                 continue;
             };
             out.clear();
-            changed |= f.check(&mut Probe(arena), PROBE_BUDGET, &mut out);
+            changed |= f.check(&mut Probe(arena), &mut budget, &mut out);
             for advice in &out {
                 let (first, count, huge) = match *advice {
                     fill::Advice::Huge { first, count } => (first, count, true),
                     fill::Advice::Small { region } => (region, 1, false),
                 };
-                for region in first..first + count {
+                for (region, took) in taken.iter_mut().enumerate().take(first + count).skip(first) {
                     // Not while the program unmaps part of it; never a region no longer whole.
                     let _ops = range.hold();
                     if !range.region_whole(region) {
@@ -94,8 +102,14 @@ impl FillWatch {
                     // An advised region is not observed: dropping a page of a hugepage's
                     // mapping would split it. Un-advised, it is tracked as any other.
                     match (huge, range.mode(region)) {
-                        (true, RegionMode::Sample | RegionMode::Full) => range.set_mode(region, RegionMode::Skip),
-                        (false, RegionMode::Skip) => range.set_mode(region, RegionMode::Sample),
+                        (true, RegionMode::Sample | RegionMode::Full) => {
+                            range.set_mode(region, RegionMode::Skip);
+                            *took = true;
+                        }
+                        (false, RegionMode::Skip) if *took => {
+                            range.set_mode(region, RegionMode::Sample);
+                            *took = false;
+                        }
                         _ => {}
                     }
                     if huge {
