@@ -92,6 +92,10 @@ pub const FEATURES: &[Feature] = &[
         needs: &[Capability::Userfaultfd, Capability::MadvCollapseShmem],
     },
     Feature {
+        name: "pagewise hps run (hugepages at first touch ahead of a dense fill)",
+        needs: &[Capability::TmpfsHuge],
+    },
+    Feature {
         name: "hp_alloc (per-data hugepages, the Spark agent)",
         needs: &[Capability::ThpEnabled, Capability::HugetlbSizesKb, Capability::MadvCollapse],
     },

@@ -22,6 +22,7 @@ pub enum Capability {
     HugetlbSizesKb,
     MadvCollapse,
     MadvCollapseShmem,
+    TmpfsHuge,
     ProcessMadvise,
     Userfaultfd,
     PageIdle,
@@ -42,7 +43,7 @@ pub enum Capability {
 
 impl Capability {
     /// Every capability, in the order the probe reports them.
-    pub const ALL: [Capability; 23] = [
+    pub const ALL: [Capability; 24] = [
         Capability::ThpEnabled,
         Capability::ThpDefrag,
         Capability::ThpShmemEnabled,
@@ -50,6 +51,7 @@ impl Capability {
         Capability::HugetlbSizesKb,
         Capability::MadvCollapse,
         Capability::MadvCollapseShmem,
+        Capability::TmpfsHuge,
         Capability::ProcessMadvise,
         Capability::Userfaultfd,
         Capability::PageIdle,
@@ -78,6 +80,7 @@ impl Capability {
             Capability::HugetlbSizesKb => "hugetlb_sizes_kb",
             Capability::MadvCollapse => "madv_collapse",
             Capability::MadvCollapseShmem => "madv_collapse_shmem",
+            Capability::TmpfsHuge => "tmpfs_huge",
             Capability::ProcessMadvise => "process_madvise",
             Capability::Userfaultfd => "userfaultfd",
             Capability::PageIdle => "page_idle",

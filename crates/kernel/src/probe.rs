@@ -148,6 +148,7 @@ pub fn probe() -> Capabilities {
     ));
     f.push((Capability::MadvCollapse, probe_collapse(false)));
     f.push((Capability::MadvCollapseShmem, probe_collapse(true)));
+    f.push((Capability::TmpfsHuge, probe_tmpfs_huge()));
     f.push((Capability::ProcessMadvise, probe_process_madvise()));
     f.push((Capability::Userfaultfd, probe_uffd(root)));
     f.push((
@@ -301,6 +302,43 @@ fn probe_collapse(shmem: bool) -> Feature {
             format!("{e} (needs Linux 6.1{})", if shmem { " and shmem THP" } else { "" }),
         ),
         Err(e) => feature(Status::Unusable, false.into(), format!("{e} (no free hugepage? memory fragmented?)")),
+    }
+}
+
+/// A tmpfs of our own with huge=advise (`crate::tmpfs`): one touch of a 2 MiB range advised
+/// MADV_HUGEPAGE brings in all 512 pages at once (one hugepage).
+fn probe_tmpfs_huge() -> Feature {
+    let fs = match crate::tmpfs::HugeTmpfs::new() {
+        Ok(fs) => fs,
+        Err(e) if e.errno() == Some(libc::EPERM) => {
+            return feature(Status::Unusable, false.into(), format!("{e} (mounting needs CAP_SYS_ADMIN)"))
+        }
+        Err(e) => return feature(from_err(&e), false.into(), e.to_string()),
+    };
+    let opts = MapOptions { shared: true, align: Some(HUGE_PMD), ..Default::default() };
+    let m = match fs.create("pagewise-probe", HUGE_PMD as u64).and_then(|fd| Mapping::of_fd(&fd, HUGE_PMD, 0, &opts)) {
+        Ok(m) => m,
+        Err(e) => return feature(Status::Unusable, false.into(), e.to_string()),
+    };
+    if let Err(e) = m.advise(Advice::HugePage) {
+        return feature(Status::Unusable, false.into(), e.to_string());
+    }
+    // SAFETY: the probe's own fresh shared mapping.
+    unsafe { (m.addr() as *mut u8).write(1) };
+    let mut v = vec![0u8; HUGE_PMD / crate::mem::page_size()];
+    let resident = crate::mem::mincore(m.addr(), HUGE_PMD, &mut v).map(|_| v.iter().filter(|&&b| b & 1 != 0).count());
+    match resident {
+        Ok(n) if n == v.len() => feature(
+            Status::Present,
+            true.into(),
+            "a private huge=advise tmpfs gave a hugepage at the first touch of an advised 2 MiB range",
+        ),
+        Ok(n) => feature(
+            Status::Unusable,
+            false.into(),
+            format!("the first touch brought in {n} of 512 pages: no hugepage (memory fragmented?)"),
+        ),
+        Err(e) => feature(Status::Unusable, false.into(), e.to_string()),
     }
 }
 
