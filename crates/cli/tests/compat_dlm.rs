@@ -186,8 +186,9 @@ fn redis_with_jemalloc_keeps_every_value() {
 
 /// A JVM with a 128 MiB heap (serial GC) fills 48 MiB of arrays and sums them in scattered
 /// order: the same sums as plain, with local memory to spare and with [`SHARE`] of what it
-/// touched there, and the Java heap on DLM memory while it runs (the process's mappings armed
-/// for userfaultfd missing faults, VmFlags `um`, cover the heap).
+/// touched there (half that if the run happens to fit), and the Java heap on DLM memory while
+/// it runs (the process's mappings armed for userfaultfd missing faults, VmFlags `um`, cover
+/// the heap).
 #[test]
 fn jvm_heap_is_on_dlm_and_gives_the_same_sums() {
     if !installed("java", &["-version"]) {
@@ -197,8 +198,19 @@ fn jvm_heap_is_on_dlm_and_gives_the_same_sums() {
     let armed_bytes = |pid| compat::mapping_bytes(pid, |_, flags| flags.split_whitespace().any(|f| f == "um"));
     let (_, roomy) = compat::jvm_same_sums(d.path(), &dlm_with(1 << 30, None), armed_bytes);
     let touched = dlm_paging(&roomy).unwrap_or_else(|| panic!("no DLM counters\n{}", tail(&roomy))).peak_local_bytes;
-    let local = (touched * SHARE / 100) & !((128 << 10) - 1);
-    let (armed, err) = compat::jvm_same_sums(d.path(), &dlm_with(local, None), armed_bytes);
+    // The JVM's use of its heap varies between runs (a run may touch less than the roomy one
+    // did and fit): then half.
+    let mut tight = None;
+    for share in [SHARE, SHARE / 2] {
+        let local = (touched * share / 100) & !((128 << 10) - 1);
+        let (armed, err) = compat::jvm_same_sums(d.path(), &dlm_with(local, None), armed_bytes);
+        let travelled = dlm_paging(&err).is_some_and(|p| p.travelled());
+        tight = Some((armed, err));
+        if travelled {
+            break;
+        }
+    }
+    let (armed, err) = tight.expect("at least one tight run");
     assert!(routed_allocations(&err, "dlm").unwrap_or(0) >= 1, "nothing routed\n{}", tail(&err));
     assert_travelled(&err, "java");
     assert!(
