@@ -112,6 +112,28 @@ fn window_scenario() {
     println!("TUNE-OK");
 }
 
+/// A unit requested around a smaller one still in flight (the size grew meanwhile) keeps the
+/// smaller one's data: here the larger unit is otherwise never written, so it is installed as
+/// zeros at once, which must not cover the page whose reply is on its way.
+fn grown_unit_scenario() {
+    let dlm = Dlm::init(config(false)).unwrap();
+    dlm.set_count(1).unwrap();
+    let base = dlm.alloc(1 << 20).unwrap() as usize;
+    let word = |page: usize| (base + page * B + 8) as *mut u64;
+    // SAFETY: page 0 of the 1 MiB area.
+    unsafe { word(0).write_volatile(0x5eed) };
+    dlm.evict_all();
+    // Page 0's READ leaves as read-ahead and waits, unanswered, while the unit grows to 8 pages.
+    dlm.prefetch(base, B).unwrap();
+    dlm.set_count(8).unwrap();
+    // SAFETY: page 5 of the area.
+    assert_eq!(unsafe { word(5).read_volatile() }, 0, "a page never written");
+    // SAFETY: page 0 of the area.
+    assert_eq!(unsafe { word(0).read_volatile() }, 0x5eed, "the page whose READ was in flight");
+    dlm.audit().unwrap();
+    println!("TUNE-OK");
+}
+
 fn run(name: &str, scenario: fn()) {
     if in_child() {
         scenario();
@@ -131,4 +153,9 @@ fn loops_shrink_to_what_fits_and_keep_their_own_sizes() {
 #[test]
 fn windows_tune_a_program_without_start_and_end() {
     run("windows_tune_a_program_without_start_and_end", window_scenario);
+}
+
+#[test]
+fn a_unit_grown_around_one_in_flight_keeps_its_data() {
+    run("a_unit_grown_around_one_in_flight_keeps_its_data", grown_unit_scenario);
 }

@@ -194,6 +194,7 @@ impl Inner {
         open: Option<usize>,
     ) {
         let b = self.cfg.base_page;
+        self.settle_reads_within(st, ai, first, count);
         let count_missing = |st: &State| {
             st.areas[ai].as_ref().expect("live").slot[first..first + count].iter().filter(|&&s| s == NONE).count()
         };
@@ -243,6 +244,23 @@ impl Inner {
         st.conns[srv].pending.push_back(Pending::Read { area: ai as u32, first, count, into, sent, open });
         if readahead {
             st.stats.readahead_units += 1;
+        }
+    }
+
+    /// Take the replies of earlier READs for any page of `[first, first + count)` of area `ai`
+    /// before that unit is requested. A reply installs the pages of its unit still in flight
+    /// (`install`), so two READs in flight must never share a page. They would after the page
+    /// size changed (a larger unit around a smaller one in flight), or where part of a unit
+    /// was resident when it was requested and is evicted before the reply comes: the later
+    /// request, or a unit installed as zeros at once, would take the earlier reply's pages —
+    /// zeros or old bytes over what is on its way, and the reply's frames left in the shadow.
+    fn settle_reads_within(&self, st: &mut State, ai: usize, first: usize, count: usize) {
+        let overlaps_unit = |p: &Pending| {
+            matches!(*p, Pending::Read { area, first: f, count: c, .. }
+                if area as usize == ai && f < first + count && first < f + c)
+        };
+        while let Some(srv) = st.conns.iter().position(|c| c.pending.iter().any(overlaps_unit)) {
+            self.complete_one(st, srv);
         }
     }
 
