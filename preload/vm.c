@@ -79,15 +79,16 @@ static int fail(int neg) {
 static int unroute_locked(uintptr_t lo, uintptr_t hi, int replace) {
     struct pw_range r;
     int rc = 0;
-    while (pw_ranges_next(&pw_routed, lo, hi, &r)) {
+    for (uintptr_t at = lo; pw_ranges_next(&pw_routed, at, hi, &r); at = r.end) {
         pw_in_shim++;
         int e = pw_arena->unmap((void *)r.start, r.end - r.start, replace);
         pw_in_shim--;
         if (e < 0 && rc == 0)
             rc = e;
         pw_ranges_remove(&pw_routed, r.start, r.end);
-        lo = r.end;
     }
+    /* All of [lo, hi): a reservation left before a routed part would later claim whatever is
+     * mapped there, routed areas included (mprotect then protects DLM's pages behind its back). */
     pw_ranges_remove(&pw_reserved, lo, hi);
     pw_tables_changed();
     return rc;
@@ -104,7 +105,11 @@ static int route_at(uintptr_t addr, size_t len) {
     if (!p)
         return 0;
     pthread_mutex_lock(&pw_lock);
-    int rc = pw_ranges_add(&pw_routed, addr, addr + len, addr);
+    /* The area replaced whatever was there: it is no reservation any more (a range is routed or
+     * reserved, never both). */
+    int rc = pw_ranges_remove(&pw_reserved, addr, addr + len);
+    if (rc == 0)
+        rc = pw_ranges_add(&pw_routed, addr, addr + len, addr);
     pw_tables_changed();
     pthread_mutex_unlock(&pw_lock);
     if (rc < 0) {

@@ -1,7 +1,8 @@
 //! `pagewise run` on unmodified C programs (tests/run/*.c): each gives the same output with
 //! and without DLM underneath, with a local limit well below its data so pages really travel
 //! to and from a memory server — a matrix multiply and a stencil on malloc'd arrays, a large
-//! static array under --bss, fork + exec, threads, and read(2)/fread into DLM memory. Also:
+//! static array under --bss, fork + exec, threads, read(2)/fread into DLM memory, and a
+//! reservation unmapped whole before its range is mapped again. Also:
 //! unreachable servers are reported before the program starts, a program with no eligible
 //! allocation runs normally with a warning, the tuner's decisions are the started
 //! program's even when a process it started ends later, and the private directory of a run
@@ -64,6 +65,11 @@ fn stores_from_signal_handlers_during_faults_survive_eviction() {
 #[test]
 fn static_array_under_bss_gives_the_same_result() {
     same_output("bss", &["--bss"], |_| vec![]);
+}
+
+#[test]
+fn a_reservation_unmapped_whole_leaves_nothing_behind_to_protect() {
+    same_output("reserved", &[], |_| vec![]);
 }
 
 #[test]
