@@ -163,10 +163,15 @@ impl Dlm {
 
 impl Inner {
     pub(super) fn free_locked(&self, st: &mut State, addr: usize) -> Result<(), DlmError> {
-        let idx = st
-            .areas
-            .iter()
-            .position(|a| a.as_ref().is_some_and(|a| a.addr == addr))
+        // Two areas may start at `addr`: one made where the program had unmapped the head of
+        // another, whose tail it still uses. The one freed is the one whose first page is still
+        // DLM's (else whose first page the program took out of DLM, `Dlm::detach`), never the
+        // older one: freeing that would unmap the tail under the program.
+        let starts_here = |first_page: fn(u32) -> bool| {
+            st.areas.iter().position(|a| a.as_ref().is_some_and(|a| a.addr == addr && first_page(a.slot[0])))
+        };
+        let idx = starts_here(is_live)
+            .or_else(|| starts_here(|s| s != GONE))
             .ok_or_else(|| DlmError::Config(format!("{addr:#x} is not a DLM area")))?;
         self.drain_all(st);
         // Drop the area's clock entries.
