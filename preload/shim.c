@@ -263,6 +263,12 @@ static int free_block(void *p) {
 
 /* ---- the malloc family ---- */
 
+/* Called by each thread of Pagewise's own runtimes (DLM's fault handler, HPS's tracker) as it
+ * starts (`kernel::signal::spawn_blocking_signals`): nothing it allocates or maps is routed. A
+ * runtime thread given arena memory would fault on memory that it serves itself, and wait for
+ * itself forever. */
+PW_EXPORT void pagewise_runtime_thread(void) { pw_in_shim++; }
+
 PW_EXPORT void *malloc(size_t n) {
     if (foreign())
         return next.malloc(n);

@@ -361,6 +361,34 @@ fn fork_and_exec_leave_parent_and_child_correct() {
     assert!(err.contains("allocation(s) on hps memory"), "nothing was routed:\n{err}");
 }
 
+/// With a threshold below what the runtime's own threads allocate (HPS's tracker lists a
+/// directory with a 32 KiB buffer), only the program's allocations are routed: a tracker
+/// thread given arena memory would fault on memory it serves itself and wait forever.
+#[test]
+fn the_runtimes_own_threads_never_get_arena_memory() {
+    ensure_libpagewise();
+    let scratch = tempdir("hps-three-blocks");
+    let prog = compile("three_blocks", scratch.path());
+    let direct = Command::new(&prog).output().unwrap();
+    let run = Command::new(pagewise())
+        .args(["hps", "run", "--min-alloc", "16K", "--"])
+        .arg(&prog)
+        .output()
+        .expect("pagewise hps run");
+    let err = String::from_utf8_lossy(&run.stderr);
+    if let Some(line) = arena_unavailable(&err) {
+        pagewise_kernel::testing::skip(format!("HPS cannot start here: {line}"));
+        return;
+    }
+    assert!(run.status.success(), "{:?}\n{err}", run.status);
+    assert_eq!(String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&direct.stdout), "{err}");
+    let routed: u64 = err
+        .lines()
+        .find_map(|l| l.strip_prefix("pagewise: ")?.split(" allocation(s) on hps memory").next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no routing report:\n{err}"));
+    assert_eq!(routed, 3, "the program made 3 allocations of 16 KiB or more:\n{err}");
+}
+
 #[test]
 fn packed_blocks_freed_and_reallocated_keep_their_content() {
     let Some((direct, run, err)) = direct_and_under_hps("pieces", &[], &[]) else { return };

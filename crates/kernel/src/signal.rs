@@ -131,7 +131,8 @@ pub fn set_thread_blocked(sig: i32, blocked: bool) -> Result<()> {
 /// was dlopen'd (libpagewise under the preload shim), a thread's TLS block is allocated on its
 /// first use with the process's `malloc` — a program's own allocator (redis's jemalloc), whose
 /// memory may be the very memory this thread serves: allocated later, it would fault on memory
-/// only it can bring in, and wait for ever.
+/// only it can bring in, and wait for ever. For the same reason the new thread first tells the
+/// preload shim, when present, never to route what it allocates (`mark_runtime_thread`).
 pub fn spawn_blocking_signals<F, T>(builder: std::thread::Builder, f: F) -> std::io::Result<std::thread::JoinHandle<T>>
 where
     F: FnOnce() -> T + Send + 'static,
@@ -152,6 +153,7 @@ where
         }
         let (started, running) = std::sync::mpsc::sync_channel::<()>(1);
         let spawned = builder.spawn(move || {
+            mark_runtime_thread();
             // std has set this thread's handle in its TLS before this runs: the block exists.
             let _ = started.send(());
             f()
@@ -160,6 +162,20 @@ where
         let handle = spawned?;
         let _ = running.recv();
         Ok(handle)
+    }
+}
+
+/// Tell the preload shim of `pagewise run` / `pagewise hps run`, when it is in the process,
+/// that the calling thread is one of the runtime's own: it never routes that thread's
+/// allocations or mappings to an arena. A runtime thread given arena memory would fault on
+/// memory it serves itself (DLM's fault handler, HPS's tracker) and wait for itself forever.
+fn mark_runtime_thread() {
+    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only looks the symbol up.
+    let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"pagewise_runtime_thread".as_ptr()) };
+    if !sym.is_null() {
+        // SAFETY: the shim defines `void pagewise_runtime_thread(void)` (preload/shim.c).
+        let mark: extern "C" fn() = unsafe { std::mem::transmute::<*mut libc::c_void, extern "C" fn()>(sym) };
+        mark();
     }
 }
 
