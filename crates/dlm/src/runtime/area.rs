@@ -2,7 +2,9 @@
 //! runtime's own mappings beside it (shadow, alias, private view), the userfaultfd
 //! registration, and the regions on the servers.
 
-use pagewise_kernel::mem::{madvise, memfd_create, munmap, Advice, MapOptions, Mapping, HUGE_PMD};
+use pagewise_kernel::mem::{
+    madvise, memfd_create, mprotect, munmap, Advice, MapOptions, Mapping, Protection, HUGE_PMD,
+};
 use pagewise_kernel::uffd::RegisterMode;
 
 use super::{is_live, is_resident, Access, Area, Dlm, Inner, MemfdView, State, DETACHED, GONE, NONE};
@@ -33,7 +35,13 @@ impl Dlm {
         // back only afterwards (a program's static data under `--bss`, which libc reads).
         let anonymous = at.is_some() || (self.inner.mode != FaultMode::Sigsegv && !self.inner.memfd);
         let shadow = if self.inner.moving && anonymous {
-            let m = Mapping::anonymous(full, &MapOptions { noreserve: true, ..Default::default() })?;
+            // One page more, kept inaccessible, so that no other area's shadow lies right after
+            // this one. Kept frames, page moves and move-ins are joined when adjacent
+            // (`Frames::push`, `Run`, `MoveIns`); joined across two shadows they would name two
+            // mappings, which one UFFDIO_MOVE refuses (EINVAL).
+            let guard = pagewise_kernel::mem::page_size();
+            let m = Mapping::anonymous(full + guard, &MapOptions { noreserve: true, ..Default::default() })?;
+            mprotect(m.addr() + full, guard, Protection::None)?;
             madvise(m.addr(), full, Advice::NoHugePage)?;
             // A fork's copy-on-write pages cannot be moved; the child has no use for them.
             madvise(m.addr(), full, Advice::DontFork)?;

@@ -111,7 +111,15 @@ impl Inner {
     /// neighbours while a fault takes its replies, `MoveIns`); hashed from the shadow, then
     /// moved and left writable (the hash is returned: a store made after the move shows at
     /// eviction); or copied (UFFDIO_COPY mode WP) and the shadow frames kept.
-    pub(super) fn move_in(&self, st: &mut State, dst: usize, src: usize, len: usize, dirty: bool) -> Option<u64> {
+    pub(super) fn move_in(
+        &self,
+        st: &mut State,
+        ai: usize,
+        dst: usize,
+        src: usize,
+        len: usize,
+        dirty: bool,
+    ) -> Option<u64> {
         let how = if dirty { CleanMove::ThenProtect } else { self.clean_move(st) };
         match how {
             CleanMove::Copied => {
@@ -142,12 +150,12 @@ impl Inner {
             self.move_in_now(dst, src, len, dirty);
             return None;
         }
-        if st.move_ins.joins(dst, src) {
+        if st.move_ins.joins(ai, dst, src) {
             st.stats.joined_move_ins += 1;
         } else if let Some((d, s, l)) = st.move_ins.take() {
             self.move_in_now(d, s, l, false);
         }
-        st.move_ins.add(dst, src, len);
+        st.move_ins.add(ai, dst, src, len);
         None
     }
 
@@ -398,7 +406,7 @@ impl Inner {
                 // The data is in the shadow (the unit's place or borrowed frames): move it in.
                 (Some(_), _) if a.shadow.is_some() && matches!(data, Fill::InPlace(_)) => {
                     let Fill::InPlace(at) = data else { unreachable!("matched above") };
-                    moved_hash = self.move_in(st, dst, at + off, n * b, dirty);
+                    moved_hash = self.move_in(st, ai, dst, at + off, n * b, dirty);
                     Ok(())
                 }
                 // The data is already in the memfd's page cache: map it.
@@ -474,14 +482,16 @@ pub(super) fn overlaps(ranges: &[(usize, usize)], addr: usize, len: usize) -> bo
     ranges.iter().any(|&(a, l)| a < addr + len && addr < a + l)
 }
 
-/// Clean units moved from the shadow into the program's view, gathered while adjacent in both,
-/// so that a stream's replies taken together are moved in and write-protected with one system
+/// Clean units moved from the shadow into the program's view, gathered while adjacent in both
+/// and in one area (two areas' views may be adjacent yet two mappings, which one UFFDIO_MOVE
+/// refuses), so that a stream's replies taken together are moved in and write-protected with one system
 /// call each, and one TLB flush ([`Run`] says why that pays). Only between `gather` and
 /// `finish`, which `Inner::serve` brackets around taking replies; nothing in between reads
 /// the gathered ranges of the view or the shadow.
 #[derive(Default)]
 pub(crate) struct MoveIns {
     pub(super) gathering: bool,
+    area: usize,
     dst: usize,
     src: usize,
     len: usize,
@@ -493,19 +503,20 @@ impl MoveIns {
         self.gathering = true;
     }
 
-    /// Whether pages moving from `src` to `dst` continue the range gathered so far.
-    pub(super) fn joins(&self, dst: usize, src: usize) -> bool {
-        self.len > 0 && self.dst + self.len == dst && self.src + self.len == src
+    /// Whether pages of area `area` moving from `src` to `dst` continue the range gathered so
+    /// far.
+    pub(super) fn joins(&self, area: usize, dst: usize, src: usize) -> bool {
+        self.len > 0 && self.area == area && self.dst + self.len == dst && self.src + self.len == src
     }
 
     /// Gather `[src, src + len)` moving to `[dst, dst + len)`: joined to the range gathered
     /// so far, or a new range if that is empty (the caller [`MoveIns::take`]s it first).
-    pub(super) fn add(&mut self, dst: usize, src: usize, len: usize) {
-        if self.joins(dst, src) {
+    pub(super) fn add(&mut self, area: usize, dst: usize, src: usize, len: usize) {
+        if self.joins(area, dst, src) {
             self.len += len;
         } else {
             debug_assert!(self.len == 0, "a range that does not join is taken first");
-            (self.dst, self.src, self.len) = (dst, src, len);
+            (self.area, self.dst, self.src, self.len) = (area, dst, src, len);
         }
     }
 
@@ -545,14 +556,15 @@ mod tests {
     pub(super) fn move_ins_join_only_ranges_adjacent_in_both_mappings() {
         let mut m = MoveIns::default();
         m.gather();
-        assert!(!m.joins(0x10000, 0x90000), "nothing gathered yet");
-        m.add(0x10000, 0x90000, 0x1000);
-        assert!(m.joins(0x11000, 0x91000));
-        m.add(0x11000, 0x91000, 0x2000);
-        assert!(!m.joins(0x13000, 0x95000), "adjacent in the view, not in the shadow");
-        assert!(!m.joins(0x14000, 0x93000), "adjacent in the shadow, not in the view");
+        assert!(!m.joins(0, 0x10000, 0x90000), "nothing gathered yet");
+        m.add(0, 0x10000, 0x90000, 0x1000);
+        assert!(m.joins(0, 0x11000, 0x91000));
+        assert!(!m.joins(1, 0x11000, 0x91000), "adjacent in both, but another area's view");
+        m.add(0, 0x11000, 0x91000, 0x2000);
+        assert!(!m.joins(0, 0x13000, 0x95000), "adjacent in the view, not in the shadow");
+        assert!(!m.joins(0, 0x14000, 0x93000), "adjacent in the shadow, not in the view");
         assert_eq!(m.take(), Some((0x10000, 0x90000, 0x3000)));
-        m.add(0x13000, 0x95000, 0x1000);
+        m.add(0, 0x13000, 0x95000, 0x1000);
         assert_eq!(m.finish(), Some((0x13000, 0x95000, 0x1000)));
         assert!(!m.gathering);
         assert_eq!(m.finish(), None);
