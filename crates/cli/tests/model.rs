@@ -111,6 +111,23 @@ fn hps_gives_plain_memory_semantics() {
     same_as_plain(&m, &["hps", "run", "--min-alloc", "64K"], 30_001, 1500);
 }
 
+/// Allocations from 16 KiB on are routed: many small areas, placed where others were unmapped
+/// or right next to one another (seed 310194 freed an older area that shared a block's start).
+#[test]
+fn dlm_gives_plain_memory_semantics_with_small_allocations_routed() {
+    let (_dir, m) = model("model-small");
+    let dlm = ["run", "--spawn-servers", "2", "--min-alloc", "16K", "--local-mem", "96K", "--page-size", "auto"];
+    same_as_plain(&m, &dlm, 310_001, 600);
+}
+
+/// As above under HPS: the runtime's own threads allocate more than 16 KiB at times, which must
+/// never come from the arena they track.
+#[test]
+fn hps_gives_plain_memory_semantics_with_small_allocations_routed() {
+    let (_dir, m) = model("model-hps-small");
+    same_as_plain(&m, &["hps", "run", "--min-alloc", "16K"], 329_001, 1500);
+}
+
 #[test]
 fn dlm_gives_plain_memory_semantics_with_erasure_coded_units() {
     let (_dir, m) = model("model-ec");
