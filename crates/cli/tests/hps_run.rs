@@ -52,6 +52,14 @@ fn direct_and_under_hps_with(
     Some((direct, run, err))
 }
 
+/// The allocations the shim's end-of-run report says went to HPS's arenas.
+fn routed_allocations(stderr: &str) -> u64 {
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("pagewise: ")?.split(" allocation(s) on hps memory").next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no routing report:\n{stderr}"))
+}
+
 fn arena_unavailable(stderr: &str) -> Option<&str> {
     stderr.lines().find(|l| l.contains("starting the hps arena failed"))
 }
@@ -382,11 +390,7 @@ fn the_runtimes_own_threads_never_get_arena_memory() {
     }
     assert!(run.status.success(), "{:?}\n{err}", run.status);
     assert_eq!(String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&direct.stdout), "{err}");
-    let routed: u64 = err
-        .lines()
-        .find_map(|l| l.strip_prefix("pagewise: ")?.split(" allocation(s) on hps memory").next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no routing report:\n{err}"));
-    assert_eq!(routed, 3, "the program made 3 allocations of 16 KiB or more:\n{err}");
+    assert_eq!(routed_allocations(&err), 3, "the program made 3 allocations of 16 KiB or more:\n{err}");
 }
 
 #[test]
@@ -394,9 +398,5 @@ fn packed_blocks_freed_and_reallocated_keep_their_content() {
     let Some((direct, run, err)) = direct_and_under_hps("pieces", &[], &[]) else { return };
     assert!(String::from_utf8_lossy(&direct.stdout).ends_with(" errors 0\n"));
     assert_eq!(String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&direct.stdout), "{err}");
-    let routed: u64 = err
-        .lines()
-        .find_map(|l| l.strip_prefix("pagewise: ")?.split(" allocation(s) on hps memory").next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no routing report:\n{err}"));
-    assert!(routed >= 3 * 96, "the blocks were not routed:\n{err}");
+    assert!(routed_allocations(&err) >= 3 * 96, "the blocks were not routed:\n{err}");
 }
