@@ -219,16 +219,25 @@ PW_EXPORT void *mremap(void *old, size_t oldlen, size_t newlen, int flags, ...) 
             errno = EFAULT; /* part routed, part not: not one mapping */
             return MAP_FAILED;
         }
-        pw_ranges_remove(&pw_reserved, lo, hi);
-        pw_tables_changed();
     }
     if (!routed && (flags & MREMAP_FIXED) && aligned(target)) {
         /* The kernel's move replaces what is at the target: it stops being the arena's. */
         unroute_locked((uintptr_t)target, (uintptr_t)target + pw_page_up(newlen), 1);
     }
     pthread_mutex_unlock(&pw_lock);
-    if (!routed)
-        return pw_sys_mremap(old, oldlen, newlen, flags, target);
+    if (!routed) {
+        void *r = pw_sys_mremap(old, oldlen, newlen, flags, target);
+        /* Moved or resized, it is a reservation no more. Refused, or left where it is
+         * (DONTUNMAP), it still is: committing it later routes it with the rest of its
+         * mapping, as one area, as the kernel keeps it one mapping. */
+        if (r != MAP_FAILED && !(flags & MREMAP_DONTUNMAP)) {
+            pthread_mutex_lock(&pw_lock);
+            pw_ranges_remove(&pw_reserved, lo, hi);
+            pw_tables_changed();
+            pthread_mutex_unlock(&pw_lock);
+        }
+        return r;
+    }
     if (flags & ~(MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP) || oldlen == 0 || newlen == 0 ||
         ((flags & MREMAP_FIXED) && !(flags & MREMAP_MAYMOVE)) ||
         ((flags & MREMAP_DONTUNMAP) && (!(flags & MREMAP_MAYMOVE) || oldlen != newlen))) {

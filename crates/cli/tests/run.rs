@@ -1,8 +1,8 @@
 //! `pagewise run` on unmodified C programs (tests/run/*.c): each gives the same output with
 //! and without DLM underneath, with a local limit well below its data so pages really travel
 //! to and from a memory server — a matrix multiply and a stencil on malloc'd arrays, a large
-//! static array under --bss, fork + exec, threads, read(2)/fread into DLM memory, and a
-//! reservation unmapped whole before its range is mapped again. Also:
+//! static array under --bss, fork + exec, threads, read(2)/fread into DLM memory, and
+//! reservations unmapped, moved from and committed as the kernel keeps their mappings. Also:
 //! unreachable servers are reported before the program starts, a program with no eligible
 //! allocation runs normally with a warning, the tuner's decisions are the started
 //! program's even when a process it started ends later, and the private directory of a run
@@ -68,7 +68,7 @@ fn static_array_under_bss_gives_the_same_result() {
 }
 
 #[test]
-fn a_reservation_unmapped_whole_leaves_nothing_behind_to_protect() {
+fn reservations_are_kept_as_the_kernel_keeps_their_mappings() {
     same_output("reserved", &[], |_| vec![]);
 }
 

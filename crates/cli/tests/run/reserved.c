@@ -1,15 +1,23 @@
-/* A reservation (PROT_NONE) committed in part, unmapped whole, and its address range mapped
- * again: the shim must forget the whole reservation, not just the part after the routed one,
- * or a later mprotect of the new mappings takes DLM's pages for the old reservation and
- * protects them behind DLM's back (its next eviction of them fails). Prints a checksum, the
- * number of userfaultfd-armed mappings left without write permission (0: nothing protected
- * behind DLM's back) and "ok". */
+/* Reservations (PROT_NONE mappings) under the shim's bookkeeping:
+ * - one committed in part, unmapped whole, and its address range mapped again: the shim must
+ *   forget the whole reservation, not just the part after the routed one, or a later mprotect
+ *   of the new mappings takes DLM's pages for the old reservation and protects them behind
+ *   DLM's back (its next eviction of them fails);
+ * - one with a page moved out by mremap(MREMAP_DONTUNMAP), which leaves the page where it was,
+ *   then committed whole: one mapping to the kernel, so mremap of all of it succeeds (it must
+ *   not be routed in two pieces around a plain page).
+ * Prints checksums, the number of userfaultfd-armed mappings left without write permission (0:
+ * nothing protected behind DLM's back), the second mremap's result and "ok". */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 
+#ifndef MREMAP_DONTUNMAP
+#define MREMAP_DONTUNMAP 4
+#endif
 #ifndef MAP_FIXED_NOREPLACE
 #define MAP_FIXED_NOREPLACE 0x100000
 #endif
@@ -73,6 +81,25 @@ int main(void) {
     printf("armed mappings without write permission: %d\n", armed_read_only());
     if (munmap(r, 2 * HALF) != 0)
         return 5;
+
+    uint8_t *s = mmap(NULL, 2 * HALF, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (s == MAP_FAILED)
+        return 6;
+    void *moved = mremap(s + HALF - PAGE, PAGE, PAGE, MREMAP_MAYMOVE | MREMAP_DONTUNMAP, NULL);
+    printf("mremap(MREMAP_DONTUNMAP) of a reserved page: %s\n", moved == MAP_FAILED ? strerror(errno) : "moved");
+    if (mprotect(s, 2 * HALF, PROT_READ | PROT_WRITE) != 0)
+        return 7;
+    written = fill(s, 2 * HALF, 3);
+    uint8_t *grown = mremap(s, 2 * HALF, 3 * HALF, MREMAP_MAYMOVE);
+    if (grown == MAP_FAILED) {
+        perror("mremap of the committed reservation");
+    } else {
+        printf("grown: written %016llx read %016llx\n", (unsigned long long)written,
+               (unsigned long long)checksum(grown, 2 * HALF));
+        munmap(grown, 3 * HALF);
+    }
+    if (moved != MAP_FAILED)
+        munmap(moved, PAGE);
     printf("ok\n");
     return 0;
 }
