@@ -484,8 +484,8 @@ pub(super) fn overlaps(ranges: &[(usize, usize)], addr: usize, len: usize) -> bo
 
 /// Clean units moved from the shadow into the program's view, gathered while adjacent in both
 /// and in one area (two areas' views may be adjacent yet two mappings, which one UFFDIO_MOVE
-/// refuses), so that a stream's replies taken together are moved in and write-protected with one system
-/// call each, and one TLB flush ([`Run`] says why that pays). Only between `gather` and
+/// refuses), so that a stream's replies taken together are moved in and write-protected with
+/// one system call each, and one TLB flush ([`Run`] says why that pays). Only between `gather` and
 /// `finish`, which `Inner::serve` brackets around taking replies; nothing in between reads
 /// the gathered ranges of the view or the shadow.
 #[derive(Default)]
