@@ -22,9 +22,15 @@ pub const FEATURES: &[Feature] = &[
         needs: &[Capability::ThpEnabled, Capability::Userfaultfd, Capability::MadvCollapseShmem],
     },
     // Sets THP to `always` for some runs (guarded); `pagewise hps run` tracks and collapses.
+    // Waits for free page reporting to go idle before each batch run (harness::settle_host_memory).
     Feature {
         name: "pagewise eval hps-programs",
-        needs: &[Capability::ThpEnabled, Capability::Userfaultfd, Capability::MadvCollapseShmem],
+        needs: &[
+            Capability::ThpEnabled,
+            Capability::Userfaultfd,
+            Capability::MadvCollapseShmem,
+            Capability::FreePageReporting,
+        ],
     },
     Feature { name: "pagewise eval dlm-fault", needs: &[Capability::Userfaultfd] },
     Feature { name: "pagewise eval dlm-pagesize", needs: &[Capability::Userfaultfd] },

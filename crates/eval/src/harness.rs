@@ -76,9 +76,16 @@ impl Context {
     }
 }
 
-/// Run `measure(config, rep)` for every configuration and repetition, interleaved
-/// (A B A B …) so that drift of the machine hits every configuration alike. Returns the
-/// results per configuration, in repetition order.
+/// Run `measure(config, rep)` for every configuration and repetition, interleaved so that
+/// drift of the machine hits every configuration alike, and counterbalanced: repetition `r`
+/// starts at configuration `r mod n` (A B C, B C A, C A B, …), so no configuration always
+/// runs right after the same other one. What a run leaves behind — memory freed a moment ago
+/// is still backed by the host, memory freed seconds ago is not ([`settle_host_memory`]);
+/// warm caches — otherwise favours one position in the order every time: on hps-programs'
+/// numpy run, back-to-back runs alternated between 1.9 s and 2.5 s, and a fixed order turned
+/// that into a 1.16× "difference" between two configurations that, settled, ran alike. The
+/// first run of all is always `configs[0]` (experiments take their reference output from it).
+/// Returns the results per configuration, in repetition order.
 pub fn interleave<C, T>(
     ctx: &Context,
     configs: &[C],
@@ -87,12 +94,29 @@ pub fn interleave<C, T>(
 ) -> anyhow::Result<Vec<Vec<T>>> {
     let mut out: Vec<Vec<T>> = configs.iter().map(|_| Vec::with_capacity(reps)).collect();
     for rep in 0..reps {
-        for (i, c) in configs.iter().enumerate() {
-            out[i].push(measure(c, rep)?);
+        for k in 0..configs.len() {
+            let i = (rep + k) % configs.len();
+            out[i].push(measure(&configs[i], rep)?);
             ctx.tick();
         }
     }
     Ok(out)
+}
+
+/// Wait until the host has taken back the memory earlier runs freed (free page reporting,
+/// [`pagewise_kernel::page_reporting`]), so that the next run allocates from the same state
+/// as every other: memory the host has to back again, as on a machine that has been idle.
+/// Returns at once where nothing reports free pages. An experiment whose runs allocate and
+/// free a lot calls it before each measured run.
+pub fn settle_host_memory(ctx: &Context) {
+    let reporting = pagewise_kernel::page_reporting::probe();
+    if reporting.is_none() {
+        return;
+    }
+    let s = pagewise_kernel::page_reporting::settle(reporting.as_ref(), Default::default());
+    if s.gave_up {
+        ctx.log(format!("free page reporting still at work after {:.0} s; measuring anyway", s.waited.as_secs_f64()));
+    }
 }
 
 /// Where servers and the client of an experiment run: different CPUs when there are two or
@@ -137,6 +161,7 @@ pub fn machine_facts() -> serde_json::Value {
         "cpus": pagewise_kernel::cpu::online_cpus().map(|c| c.len()).unwrap_or(0),
         "mem_total_bytes": pagewise_kernel::procfs::read_meminfo().map(|m| m.mem_total).unwrap_or(0),
         "thp_enabled": pagewise_kernel::thp::thp_mode().unwrap_or_default(),
+        "free_page_reporting": pagewise_kernel::page_reporting::probe(),
         "commit": source_commit(),
     })
 }
@@ -316,7 +341,17 @@ mod tests {
             Ok(rep)
         })
         .unwrap();
-        assert_eq!(order, vec![('a', 0), ('b', 0), ('a', 1), ('b', 1), ('a', 2), ('b', 2)]);
+        assert_eq!(order, vec![('a', 0), ('b', 0), ('b', 1), ('a', 1), ('a', 2), ('b', 2)]);
         assert_eq!(out, vec![vec![0, 1, 2], vec![0, 1, 2]]);
+        // Three configurations: each takes each place in the order once in three repetitions.
+        let mut firsts = Vec::new();
+        interleave(&ctx, &['a', 'b', 'c'], 3, |c, rep| {
+            if firsts.len() == rep {
+                firsts.push(*c);
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(firsts, vec!['a', 'b', 'c']);
     }
 }

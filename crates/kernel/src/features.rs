@@ -39,11 +39,12 @@ pub enum Capability {
     ZoneinfoWatermarks,
     OnlineCpus,
     MlockLimitKb,
+    FreePageReporting,
 }
 
 impl Capability {
     /// Every capability, in the order the probe reports them.
-    pub const ALL: [Capability; 24] = [
+    pub const ALL: [Capability; 25] = [
         Capability::ThpEnabled,
         Capability::ThpDefrag,
         Capability::ThpShmemEnabled,
@@ -68,6 +69,7 @@ impl Capability {
         Capability::ZoneinfoWatermarks,
         Capability::OnlineCpus,
         Capability::MlockLimitKb,
+        Capability::FreePageReporting,
     ];
 
     /// The stable key (`thp_enabled`, `userfaultfd`, ...).
@@ -97,6 +99,7 @@ impl Capability {
             Capability::ZoneinfoWatermarks => "zoneinfo_watermarks",
             Capability::OnlineCpus => "online_cpus",
             Capability::MlockLimitKb => "mlock_limit_kb",
+            Capability::FreePageReporting => "free_page_reporting",
         }
     }
 }

@@ -23,6 +23,7 @@ pub mod mem;
 pub mod net;
 pub mod netns;
 pub mod page_idle;
+pub mod page_reporting;
 pub mod pagecache;
 pub mod pagemap_scan;
 pub mod private_dir;

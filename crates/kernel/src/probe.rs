@@ -273,6 +273,22 @@ pub fn probe() -> Capabilities {
             },
         )
     }));
+    f.push((
+        Capability::FreePageReporting,
+        match crate::page_reporting::probe() {
+            Some(r) => feature(
+                Status::Present,
+                r.order.into(),
+                format!(
+                    "the host takes back free blocks of order {} and more{}: memory freed seconds ago \
+                     costs host faults at its next first touch, hugepages most",
+                    r.order,
+                    if r.reported_kib_path.is_some() { " (reported_kib counts them)" } else { "" }
+                ),
+            ),
+            None => feature(Status::Absent, serde_json::Value::Null, "no virtio balloon reporting free pages"),
+        },
+    ));
     Capabilities { kernel_release, root, features: f }
 }
 

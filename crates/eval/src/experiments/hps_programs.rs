@@ -14,6 +14,15 @@
 //! (every value checked). Time: a batch program's wall time; a server's time for its reads.
 //! Outputs are compared with the plain run's (crates/eval/src/programs).
 //!
+//! A batch program's time includes allocating its memory, and on a VM whose balloon reports
+//! free pages that depends on how long ago the memory was freed: 1 GiB of hugepages took 0.13 s
+//! to first-touch right after another run freed it and 2.6 s once the host had taken it back
+//! ([`pagewise_kernel::page_reporting`]). Back to back, runs alternated between the two. So
+//! each batch run starts once reporting is idle ([`crate::harness::settle_host_memory`]):
+//! every configuration allocates from memory the host has to back again, as a program started
+//! on an idle machine does. Servers are timed on their reads, after the fill has touched
+//! their memory, and start at once.
+//!
 //! Memory: the program's peak, sampled every 20 ms, of VmRSS − RssShmem + the blocks of its
 //! `pagewise-hps` arena files, memfds or files of HPS's private tmpfs (RSS misses the tracked
 //! pages whose mappings the tracker dropped; the files' blocks are the pages themselves: the
@@ -234,6 +243,9 @@ impl Experiment for HpsPrograms {
                 set_thp(&guard, c, &machine)?;
                 let r = match &p.work {
                     Workload::Batch { job, comm } => {
+                        // Its time includes allocating its memory: start it from the state
+                        // every run gets (the module doc).
+                        crate::harness::settle_host_memory(ctx);
                         let (run, out) = run_batch(&pagewise, job, comm, c, reference.as_deref(), budget)?;
                         reference.get_or_insert(out);
                         run
