@@ -57,11 +57,17 @@ enum Command {
         /// tracking fault's two wake-ups then stay on one CPU.
         #[arg(long)]
         no_colocate: bool,
-        /// Give no hugepage at first touch. By default a region ahead of a dense fill (memory
-        /// the program writes front to back, 2 MiB after 2 MiB) gets its hugepage when the
-        /// program first touches it, instead of 4 KiB pages collapsed later; this needs a tmpfs
-        /// of HPS's own (root), and without one HPS goes without. See docs/hps.md.
-        #[arg(long)]
+        /// Hugepages at first touch ahead of a dense fill (memory the program writes front to
+        /// back, 2 MiB after 2 MiB): such a region gets its hugepage when the program first
+        /// touches it, instead of 4 KiB pages collapsed later. `auto` gives them while a
+        /// hugepage costs less than the 4 KiB pages it replaces (measured on the fill's first
+        /// region: on a VM whose host takes free memory back it often does not), `always`
+        /// whatever they cost, `never` not at all. Needs a tmpfs of HPS's own (root); without
+        /// one HPS goes without. See docs/hps.md.
+        #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = ["auto", "always", "never"])]
+        first_touch: String,
+        /// The same as `--first-touch never`.
+        #[arg(long, conflicts_with = "first_touch")]
         no_first_touch: bool,
         /// The program and its arguments.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
@@ -71,8 +77,17 @@ enum Command {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
-        Command::Run { min_alloc, promote_fraction, interval_ms, no_colocate, no_first_touch, program } => {
-            let placement = Placement { colocate: !no_colocate, first_touch_huge: !no_first_touch };
+        Command::Run {
+            min_alloc,
+            promote_fraction,
+            interval_ms,
+            no_colocate,
+            first_touch,
+            no_first_touch,
+            program,
+        } => {
+            let first_touch = if no_first_touch { "never".to_string() } else { first_touch };
+            let placement = Placement { colocate: !no_colocate, first_touch };
             run_program(&min_alloc, promote_fraction, interval_ms, placement, &program)
         }
         Command::Report { pid, active_only } => {
@@ -106,10 +121,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 /// Where `pagewise hps run` puts things: the handler beside the program (`--no-colocate`),
-/// hugepages at first touch ahead of dense fills (`--no-first-touch`).
+/// hugepages at first touch ahead of dense fills (`--first-touch`: auto, always, never).
 struct Placement {
     colocate: bool,
-    first_touch_huge: bool,
+    first_touch: String,
 }
 
 /// `pagewise hps run`: the program under the shim with the HPS arena.
@@ -150,7 +165,7 @@ fn run_program(
         .env("PAGEWISE_HPS_INTERVAL_MS", interval_ms.to_string())
         .env("PAGEWISE_HPS_LOG", "1")
         .env("PAGEWISE_HPS_COLOCATE", if placement.colocate { "1" } else { "0" })
-        .env("PAGEWISE_HPS_FIRST_TOUCH", if placement.first_touch_huge { "1" } else { "0" })
+        .env("PAGEWISE_HPS_FIRST_TOUCH", &placement.first_touch)
         .spawn()
         .with_context(|| format!("starting {}", program[0]))?;
     let status = crate::foreground::wait(&mut child, &program[0])?;

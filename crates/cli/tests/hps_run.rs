@@ -106,38 +106,38 @@ fn hot_array_gives_the_same_checksum_and_gets_hugepages() {
 /// the checksum is the plain run's.
 #[test]
 fn a_dense_fill_gets_hugepages_at_first_touch() {
-    let Some((direct, run, err)) = direct_and_under_hps_with("hot_array", &[], &["0"], &["60"]) else { return };
+    let Some((advised, _, pmd, err)) = dense_fill_under_hps("always") else { return };
+    assert!(advised >= 8, "only {advised} of the 32 regions advised:\n{err}");
+    assert!(pmd >= 8 * 2048, "{pmd} kB PMD-mapped:\n{err}");
+}
+
+/// Priced first touch (the default): the fill is followed whatever hugepages cost here, each
+/// window given or declined by the price measured, and the checksum is the plain run's.
+#[test]
+fn a_priced_first_touch_gives_or_declines_every_window() {
+    let Some((advised, declined, _, err)) = dense_fill_under_hps("auto") else { return };
+    assert!(advised + declined >= 8, "the fill was not followed: {advised} advised, {declined} declined:\n{err}");
+}
+
+/// hot_array under `pagewise hps run --first-touch WHEN`, checked against its plain run: the
+/// regions advised and declined ahead of its fill, and its ShmemPmdMapped kB.
+fn dense_fill_under_hps(when: &str) -> Option<(u64, u64, u64, String)> {
+    let (direct, run, err) = direct_and_under_hps_with("hot_array", &["--first-touch", when], &["0"], &["60"])?;
     assert_eq!(String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&direct.stdout), "{err}");
-    let advised: u64 = err
+    let (advised, declined) = err
         .lines()
         .find_map(|l| {
-            l.split("; ").find_map(|p| p.strip_suffix(" region(s) advised ahead of a dense fill")?.parse().ok())
+            let part = l.split("; ").find(|p| p.contains(" region(s) advised ahead of a dense fill, "))?;
+            let (advised, declined) = part.split_once(" region(s) advised ahead of a dense fill, ")?;
+            let declined = declined.strip_suffix(" declined (hugepages dear)")?;
+            Some((advised.rsplit(' ').next()?.parse().ok()?, declined.parse().ok()?))
         })
-        .unwrap_or_else(|| {
-            panic!(
-                "no first-touch count in the report:
-{err}"
-            )
-        });
-    assert!(
-        advised >= 8,
-        "only {advised} of the 32 regions advised:
-{err}"
-    );
+        .unwrap_or_else(|| panic!("no first-touch count in the report:\n{err}"));
     let pmd: u64 = err
         .lines()
         .find_map(|l| l.strip_prefix("hot_array: ShmemPmdMapped ")?.split_once(" kB")?.0.parse().ok())
-        .unwrap_or_else(|| {
-            panic!(
-                "no ShmemPmdMapped line:
-{err}"
-            )
-        });
-    assert!(
-        pmd >= 8 * 2048,
-        "{pmd} kB PMD-mapped:
-{err}"
-    );
+        .unwrap_or_else(|| panic!("no ShmemPmdMapped line:\n{err}"));
+    Some((advised, declined, pmd, err))
 }
 
 /// The tracker's handler keeps the program's one thread company: pinned together to one CPU

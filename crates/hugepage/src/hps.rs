@@ -17,6 +17,8 @@ use pagewise_track::{report, Delivery, MinorTracker, RegionMode, TrackedArena, T
 
 use crate::compact::HugeArena;
 use crate::fairness::{self, Budget};
+use crate::fill::FirstTouch;
+use crate::pace::Pace;
 use crate::policy::{Backoff, ConvergeRule, Convergence, Decision, RegionRule, RegionView, TrackState};
 use crate::{Error, Result};
 
@@ -77,8 +79,13 @@ pub struct HpsConfig {
     /// itself.
     pub colocate: bool,
     /// Give regions ahead of a dense fill a hugepage at their first touch ([`crate::fill`];
-    /// `pagewise hps run`). Needs a tmpfs of its own (CAP_SYS_ADMIN); without it, off.
-    pub first_touch_huge: bool,
+    /// `pagewise hps run`), always or while hugepages are cheap. Needs a tmpfs of its own
+    /// (CAP_SYS_ADMIN); without it, off.
+    pub first_touch: FirstTouch,
+    /// Pace promotion to this share of wall time in collapse CPU time, with a burst
+    /// ([`crate::pace`]; `pagewise hps run`, whose program may end before a promotion pays).
+    /// None: promote as soon as the rule says (an application that embeds HPS runs on).
+    pub pace: Option<(f64, Duration)>,
 }
 
 impl Default for HpsConfig {
@@ -99,7 +106,8 @@ impl Default for HpsConfig {
             probe_pages: 8,
             log_state: false,
             colocate: false,
-            first_touch_huge: false,
+            first_touch: FirstTouch::Off,
+            pace: None,
         }
     }
 }
@@ -128,8 +136,12 @@ pub struct HpsStats {
     pub promoted_regions: u64,
     pub compacted_pages: u64,
     pub collapse_failures: u64,
+    /// Promotions the pace put off to a later decision step ([`HpsConfig::pace`]).
+    pub paced_promotions: u64,
     /// Regions advised ahead of a dense fill (a hugepage at their first touch).
     pub first_touch_regions: u64,
+    /// Regions of windows ahead of a dense fill declined because hugepages were dear.
+    pub first_touch_declined: u64,
     pub notifications_sent: u64,
     pub notifications_received: u64,
     pub decision_steps: u64,
@@ -161,6 +173,8 @@ struct Shared {
     huge: Mutex<HugeArena>,
     callbacks: Mutex<Callbacks>,
     backoff: Mutex<Backoff>,
+    /// Promotion's pace (with [`HpsConfig::pace`]).
+    pace: Mutex<Option<Pace>>,
     budget: Mutex<Option<Budget>>,
     tracking: AtomicBool,
     stop: AtomicBool,
@@ -179,6 +193,8 @@ struct Shared {
     promoted: AtomicU64,
     compacted: AtomicU64,
     collapse_failures: AtomicU64,
+    /// Promotions put off by the pace.
+    paced: AtomicU64,
     /// First-touch hugepages ahead of dense fills, when configured and possible.
     fill: Option<FillWatch>,
     /// Regions the kernel refused to collapse, and how often (see `period::MAX_REFUSALS`).
@@ -227,8 +243,9 @@ impl Hps {
             None => None,
         };
         let notify = cfg.notify;
-        let first_touch_huge = cfg.first_touch_huge;
+        let first_touch = cfg.first_touch;
         let conv = cfg.converge.map(Convergence::new);
+        let pace = cfg.pace.map(|(share, burst)| Pace::new(share, burst.as_nanos() as u64));
         // The runtime's threads besides the program's: the tracking thread, the service
         // thread (with Notify::Handler) and the tracker's handler thread.
         let own_threads = 2 + u32::from(notify == Notify::Handler);
@@ -243,6 +260,7 @@ impl Hps {
             huge: Mutex::new(HugeArena::new()),
             callbacks: Mutex::new(Callbacks::default()),
             backoff: Mutex::new(Backoff::default()),
+            pace: Mutex::new(pace),
             budget: Mutex::new(budget),
             tracking: AtomicBool::new(true),
             stop: AtomicBool::new(false),
@@ -259,7 +277,12 @@ impl Hps {
             promoted: AtomicU64::new(0),
             compacted: AtomicU64::new(0),
             collapse_failures: AtomicU64::new(0),
-            fill: if first_touch_huge { FillWatch::new() } else { None },
+            paced: AtomicU64::new(0),
+            fill: match first_touch {
+                FirstTouch::Off => None,
+                FirstTouch::Priced => FillWatch::new(true),
+                FirstTouch::Always => FillWatch::new(false),
+            },
             refusals: Mutex::new(HashMap::new()),
             collapse_ns: AtomicU64::new(0),
             sent: AtomicU64::new(0),
@@ -565,7 +588,9 @@ impl Hps {
             promoted_regions: s.promoted.load(Ordering::Relaxed),
             compacted_pages: s.compacted.load(Ordering::Relaxed),
             collapse_failures: s.collapse_failures.load(Ordering::Relaxed),
+            paced_promotions: s.paced.load(Ordering::Relaxed),
             first_touch_regions: s.fill.as_ref().map_or(0, |f| f.advised.load(Ordering::Relaxed)),
+            first_touch_declined: s.fill.as_ref().map_or(0, |f| f.declined.load(Ordering::Relaxed)),
             notifications_sent: s.sent.load(Ordering::Relaxed),
             notifications_received: s.received.load(Ordering::Relaxed),
             decision_steps: s.steps.load(Ordering::Relaxed),

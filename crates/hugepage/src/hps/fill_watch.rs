@@ -7,10 +7,12 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use pagewise_kernel::mem::{self, Advice, HUGE_PMD};
+use pagewise_kernel::procfs::{KpageFlags, Pagemap, Pid, KPF_THP, PAGEMAP_PFN_MASK, PAGEMAP_PRESENT};
+use pagewise_kernel::signal;
 use pagewise_kernel::tmpfs::HugeTmpfs;
-use pagewise_track::{RegionMode, TrackedArena};
+use pagewise_track::{RegionMode, TrackedArena, TrackedRange};
 
-use crate::fill::{self, FillFronts, Residency};
+use crate::fill::{self, FillFronts, Price, Residency};
 
 use super::Shared;
 
@@ -31,16 +33,27 @@ pub(super) struct FillWatch {
     idle: AtomicU32,
     /// Regions advised so far.
     pub(super) advised: AtomicU64,
+    /// Regions of windows declined because hugepages were dear ([`fill::Price`]).
+    pub(super) declined: AtomicU64,
+    /// Whether windows wait for cheap hugepages ([`fill::FirstTouch::Priced`]).
+    priced: bool,
+    price: Mutex<Price>,
+    /// Tells whether a measured region got its hugepage (root; without it, it is assumed).
+    kpageflags: Option<(Pagemap, Mutex<KpageFlags>)>,
 }
 
 impl FillWatch {
     /// None where no tmpfs can be mounted (no CAP_SYS_ADMIN): arenas stay memfds.
-    pub(super) fn new() -> Option<FillWatch> {
+    pub(super) fn new(priced: bool) -> Option<FillWatch> {
         Some(FillWatch {
             fs: HugeTmpfs::new().ok()?,
             fronts: Mutex::new(Vec::new()),
             idle: AtomicU32::new(0),
             advised: AtomicU64::new(0),
+            declined: AtomicU64::new(0),
+            priced,
+            price: Mutex::new(Price::default()),
+            kpageflags: Pagemap::open(Pid::SelfProcess).ok().zip(KpageFlags::open().ok().map(Mutex::new)),
         })
     }
 
@@ -84,37 +97,29 @@ impl FillWatch {
             out.clear();
             changed |= f.check(&mut Probe(arena), &mut budget, &mut out);
             for advice in &out {
-                let (first, count, huge) = match *advice {
-                    fill::Advice::Huge { first, count } => (first, count, true),
-                    fill::Advice::Small { region } => (region, 1, false),
+                let (first, count) = match *advice {
+                    fill::Advice::Huge { first, count } => (first, count),
+                    fill::Advice::Small { region } => {
+                        self.apply(arena, &range, taken, region, false);
+                        continue;
+                    }
                 };
-                for (region, took) in taken.iter_mut().enumerate().take(first + count).skip(first) {
-                    // Not while the program unmaps part of it; never a region no longer whole.
-                    let _ops = range.hold();
-                    if !range.region_whole(region) {
-                        continue;
-                    }
-                    let at = arena.addr() + region * HUGE_PMD;
-                    let advice = if huge { Advice::HugePage } else { Advice::NoHugePage };
-                    if mem::madvise(at, HUGE_PMD, advice).is_err() {
-                        continue;
-                    }
-                    // An advised region is not observed: dropping a page of a hugepage's
-                    // mapping would split it. Un-advised, it is tracked as any other.
-                    match (huge, range.mode(region)) {
-                        (true, RegionMode::Sample | RegionMode::Full) => {
-                            range.set_mode(region, RegionMode::Skip);
-                            *took = true;
-                        }
-                        (false, RegionMode::Skip) if *took => {
-                            range.set_mode(region, RegionMode::Sample);
-                            *took = false;
-                        }
-                        _ => {}
-                    }
-                    if huge {
-                        self.advised.fetch_add(1, Ordering::Relaxed);
-                    }
+                let now = s.epoch.elapsed().as_nanos() as u64;
+                let given = if !self.priced {
+                    count
+                } else if self.price.lock().expect("price lock").dear(now) {
+                    0
+                } else {
+                    self.measure_on(arena, &range, taken, first, now).map_or(0, |cheap| if cheap { count } else { 1 })
+                };
+                // The measured region, if any, was advised by the measurement.
+                let start = if self.priced { first + given.min(1) } else { first };
+                for region in start..first + given {
+                    self.apply(arena, &range, taken, region, true);
+                }
+                if given < count {
+                    f.decline(first + given, count - given);
+                    self.declined.fetch_add((count - given) as u64, Ordering::Relaxed);
                 }
             }
         }
@@ -124,6 +129,84 @@ impl FillWatch {
             self.idle.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+impl FillWatch {
+    /// Advise region `region` and populate it here, timed: what a hugepage at first touch
+    /// costs now, recorded in the price. Some(cheap) when the region got its hugepage; None
+    /// when it could not be advised, or it did not get one (the program was writing it as it
+    /// was populated, or no hugepage was to be had): then it is given back to the tracker,
+    /// which collapses it if it turns out hot, and nothing is recorded.
+    fn measure_on(
+        &self,
+        arena: &TrackedArena,
+        range: &TrackedRange,
+        taken: &mut [bool],
+        region: usize,
+        now_ns: u64,
+    ) -> Option<bool> {
+        if !self.apply(arena, range, taken, region, true) {
+            return None;
+        }
+        let at = arena.addr() + region * HUGE_PMD;
+        let cpu0 = signal::thread_cpu_time();
+        let populated = mem::madvise(at, HUGE_PMD, Advice::PopulateWrite);
+        let cost = (signal::thread_cpu_time() - cpu0).as_nanos() as u64;
+        let huge = populated.is_ok() && self.kpageflags.as_ref().is_none_or(|k| is_thp(k, at));
+        if !huge {
+            let _ops = range.hold();
+            if taken[region] && range.region_whole(region) {
+                range.set_mode(region, RegionMode::Sample);
+                taken[region] = false;
+            }
+            return None;
+        }
+        let mut price = self.price.lock().expect("price lock");
+        price.record(now_ns, cost);
+        Some(!price.dear(now_ns))
+    }
+
+    /// Advise region `region` of `arena` huge (or no longer huge) and take it from the tracker
+    /// (or give it back); false when the region is no longer whole or the advice failed.
+    fn apply(&self, arena: &TrackedArena, range: &TrackedRange, taken: &mut [bool], region: usize, huge: bool) -> bool {
+        // Not while the program unmaps part of it; never a region no longer whole.
+        let _ops = range.hold();
+        if !range.region_whole(region) {
+            return false;
+        }
+        let at = arena.addr() + region * HUGE_PMD;
+        let advice = if huge { Advice::HugePage } else { Advice::NoHugePage };
+        if mem::madvise(at, HUGE_PMD, advice).is_err() {
+            return false;
+        }
+        // An advised region is not observed: dropping a page of a hugepage's mapping would
+        // split it. Un-advised, it is tracked as any other.
+        match (huge, range.mode(region)) {
+            (true, RegionMode::Sample | RegionMode::Full) => {
+                range.set_mode(region, RegionMode::Skip);
+                taken[region] = true;
+            }
+            (false, RegionMode::Skip) if taken[region] => {
+                range.set_mode(region, RegionMode::Sample);
+                taken[region] = false;
+            }
+            _ => {}
+        }
+        if huge {
+            self.advised.fetch_add(1, Ordering::Relaxed);
+        }
+        true
+    }
+}
+
+/// Whether the page at `addr` of this process is part of a transparent hugepage (pagemap's
+/// PFN, then kpageflags' KPF_THP). A failed read says no.
+fn is_thp((pagemap, flags): &(Pagemap, Mutex<KpageFlags>), addr: usize) -> bool {
+    let Ok(entry) = pagemap.read_raw(addr, 1) else { return false };
+    let pfn = entry[0] & PAGEMAP_PFN_MASK;
+    entry[0] & PAGEMAP_PRESENT != 0
+        && pfn != 0
+        && flags.lock().expect("kpageflags lock").flags(pfn).is_ok_and(|f| f & KPF_THP != 0)
 }
 
 /// An arena's residency, through its alias.

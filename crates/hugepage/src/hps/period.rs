@@ -210,6 +210,10 @@ fn try_promote(s: &Shared, addr: usize) -> Result<PromoteResult> {
     if !s.backoff.lock().expect("backoff lock").allowed(now) {
         return Ok(PromoteResult::Later);
     }
+    if !s.pace.lock().expect("pace lock").as_mut().is_none_or(|p| p.allowed(now)) {
+        s.paced.fetch_add(1, Ordering::Relaxed);
+        return Ok(PromoteResult::Later);
+    }
     let budget = s.budget.lock().expect("budget lock");
     if let Some(b) = budget.as_ref() {
         if !b.try_take(1)? {
@@ -229,6 +233,9 @@ fn try_promote(s: &Shared, addr: usize) -> Result<PromoteResult> {
         Err(e) => CollapseOutcome::of_errno(e.errno()),
     };
     s.backoff.lock().expect("backoff lock").record(end, cpu, outcome);
+    if let Some(p) = s.pace.lock().expect("pace lock").as_mut() {
+        p.spend(end, cpu);
+    }
     if res.is_ok() {
         s.promoted.fetch_add(1, Ordering::Relaxed);
         s.refusals.lock().expect("refusals lock").remove(&addr);
