@@ -48,6 +48,12 @@ enum Command {
         /// Promote a 2 MiB region when at least this fraction of its observed pages is hot.
         #[arg(long, default_value_t = 0.25)]
         promote_fraction: f64,
+        /// Most CPU time promotion may take, as a share of the program's run so far (after a
+        /// first 25 ms): a collapse costs 0.6–4 ms here, and a program that ends soon after
+        /// gets nothing back for it. 1 promotes as soon as a region is found hot. See
+        /// docs/hps.md.
+        #[arg(long, value_name = "SHARE", default_value_t = 0.2)]
+        pace: f64,
         /// Tracking period while there is work, in milliseconds.
         #[arg(long, default_value_t = 20)]
         interval_ms: u32,
@@ -80,6 +86,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Run {
             min_alloc,
             promote_fraction,
+            pace,
             interval_ms,
             no_colocate,
             first_touch,
@@ -88,7 +95,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         } => {
             let first_touch = if no_first_touch { "never".to_string() } else { first_touch };
             let placement = Placement { colocate: !no_colocate, first_touch };
-            run_program(&min_alloc, promote_fraction, interval_ms, placement, &program)
+            run_program(&min_alloc, promote_fraction, pace, interval_ms, placement, &program)
         }
         Command::Report { pid, active_only } => {
             anyhow::ensure!(pid > 0, "--pid must be a positive process id");
@@ -131,6 +138,7 @@ struct Placement {
 fn run_program(
     min_alloc: &str,
     promote_fraction: f64,
+    pace: f64,
     interval_ms: u32,
     placement: Placement,
     program: &[String],
@@ -142,6 +150,7 @@ fn run_program(
         "--promote-fraction {promote_fraction} must be in (0, 1]"
     );
     anyhow::ensure!(interval_ms > 0, "--interval-ms must be positive");
+    anyhow::ensure!(pace > 0.0 && pace <= 1.0, "--pace {pace} must be in (0, 1]");
     crate::elf::ensure_preloadable(&program[0])?;
     let lib = crate::run::libpagewise()?;
     let shim = crate::run::EmbeddedFile::write(crate::run::SHIM, "libpagewise_preload.so")?;
@@ -163,6 +172,7 @@ fn run_program(
         .env("PAGEWISE_PRELOAD_REPORT", "1")
         .env("PAGEWISE_HPS_PROMOTE_FRACTION", promote_fraction.to_string())
         .env("PAGEWISE_HPS_INTERVAL_MS", interval_ms.to_string())
+        .env("PAGEWISE_HPS_PACE", pace.to_string())
         .env("PAGEWISE_HPS_LOG", "1")
         .env("PAGEWISE_HPS_COLOCATE", if placement.colocate { "1" } else { "0" })
         .env("PAGEWISE_HPS_FIRST_TOUCH", &placement.first_touch)

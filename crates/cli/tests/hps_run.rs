@@ -184,7 +184,15 @@ fn tracking_stops_when_converged_and_restarts_when_the_hot_set_moves() {
 
 #[test]
 fn bad_flags_are_refused() {
-    for flags in [&["--min-alloc", "1K"][..], &["--promote-fraction", "1.5"], &["--min-alloc", "lots"]] {
+    for flags in [
+        &["--min-alloc", "1K"][..],
+        &["--promote-fraction", "1.5"],
+        &["--min-alloc", "lots"],
+        &["--pace", "0"],
+        &["--pace", "2"],
+        &["--first-touch", "sometimes"],
+        &["--first-touch", "never", "--no-first-touch"],
+    ] {
         let out = Command::new(pagewise()).args(["hps", "run"]).args(flags).args(["--", "true"]).output().unwrap();
         assert!(!out.status.success(), "{flags:?} accepted");
         assert!(!out.stderr.is_empty());

@@ -15,8 +15,8 @@
 //! until the debt is paid). Whatever the program does, promotion has taken at most
 //! `burst + share × elapsed` of CPU by the time it ends: a bounded loss for a program that gets
 //! nothing from hugepages. A program that runs on gets every region the rule picks, later: at
-//! 5% of one CPU, 13 regions a second when a hugepage is dear here and 80 when it is cheap. The
-//! pace adapts to the price by itself, since it counts what collapses took.
+//! 20% of one CPU, about 35 regions a second when a hugepage is dear here and 250 when it is
+//! cheap. The pace adapts to the price by itself, since it counts what collapses took.
 
 /// The pace of promotion: a token bucket of CPU nanoseconds.
 #[derive(Clone, Copy, Debug, PartialEq)]

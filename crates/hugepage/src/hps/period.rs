@@ -224,6 +224,7 @@ fn try_promote(s: &Shared, addr: usize) -> Result<PromoteResult> {
     // must catch is the kernel compacting memory to find a hugepage (CPU work done in this
     // thread), not this thread waiting for a CPU on a busy machine.
     let cpu0 = signal::thread_cpu_time();
+    promote::warm_hugepage();
     let res = promote::collapse(addr);
     let cpu = (signal::thread_cpu_time() - cpu0).as_nanos() as u64;
     let end = s.epoch.elapsed().as_nanos() as u64;
