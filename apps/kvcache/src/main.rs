@@ -24,6 +24,10 @@ struct Args {
     /// Worker threads (memcached -t).
     #[arg(short = 't', long = "threads", default_value_t = 4)]
     threads: usize,
+    /// Microseconds an idle worker may poll for requests before it sleeps: the most its
+    /// adaptive window grows to (0: sleep at once, as memcached's workers).
+    #[arg(long = "poll-us", default_value_t = pagewise_kvcache::idle::DEFAULT_MAX_US)]
+    poll_us: u64,
     /// Maximum simultaneous connections (memcached -c).
     #[arg(short = 'c', long = "conn-limit", default_value_t = 1024)]
     conns: usize,
@@ -87,7 +91,13 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     let shared = Arc::new(Shared {
         cache,
-        settings: Settings { port: args.port, listen: args.listen, threads: args.threads, max_conns: args.conns },
+        settings: Settings {
+            port: args.port,
+            listen: args.listen,
+            threads: args.threads,
+            max_conns: args.conns,
+            poll: std::time::Duration::from_micros(args.poll_us),
+        },
         stats: Default::default(),
         curr_conns: Default::default(),
         total_conns: Default::default(),

@@ -633,10 +633,14 @@ impl Experiment for HpsKvcache {
         if !busy.is_empty() {
             report.note(format!(
                 "How busy each client kept its one core (its CPU time over its wall-clock time, start-up included; \
-                 `*_client_core_busy`): {}. A client near 100% sets the pace: the server's speed shows in its CPU \
-                 per operation more than in the client's throughput, whose ratio then sits near 1 and moves with \
-                 whatever else runs on the client's core.",
-                busy.join(", ")
+                 `*_client_core_busy`): {}. A client near 100% sets the pace: its throughput follows what an \
+                 operation costs on its own core, and waking a server's worker that sleeps on an idle vCPU is \
+                 part of that cost (the client's send pays for the wake-up). kvcache's idle workers poll up to \
+                 {} µs before they sleep (its default `--poll-us`, adapted to the gaps between requests), \
+                 memcached's sleep at once: kvcache spends server CPU, counted in `_per_server_cpu`, so that \
+                 the client does not spend its own on wake-ups.",
+                busy.join(", "),
+                pagewise_kvcache::idle::DEFAULT_MAX_US
             ));
         }
         report.note(
