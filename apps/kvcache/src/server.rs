@@ -20,8 +20,9 @@
 //!   `CLIENT_ERROR line too long` (no way to find the next command);
 //! - EOF after a partial command closes the connection (after flushing replies).
 //!
-//! An idle worker polls `epoll` for a while before it sleeps in it ([`crate::idle`]: up to
-//! `--poll-us`, adapted to the gaps between requests). On a virtual machine the wake-up of a
+//! An idle worker of a server confined to some of the CPUs polls `epoll` for a while before it
+//! sleeps in it ([`crate::idle`]: up to `--poll-us`, adapted to the gaps between requests,
+//! stopped when another task wants the core). On a virtual machine the wake-up of a
 //! worker asleep on an idle vCPU is paid by the client, inside its `send`: under YCSB's Java
 //! client (4 threads on one core, the server on the other) a request's `write` took 15 µs when
 //! the worker slept and 3 µs when it was awake (ftrace), and each wake-up avoided saved the
@@ -284,12 +285,23 @@ fn worker(shared: Arc<Shared>, mut poll: Poll, rx: Receiver<std::net::TcpStream>
             // Nothing to do: poll for the window, then sleep until an event (no timeout:
             // `Server::shutdown` wakes every worker).
             let since = Instant::now();
-            let r = match poll_for(&mut poll, &mut events, idle.window()) {
-                Ok(false) => poll.poll(&mut events, None),
-                other => other.map(drop),
-            };
-            idle.woke_after(since.elapsed());
-            r
+            match poll_for(&mut poll, &mut events, idle.window()) {
+                Ok(Polled::Event) => {
+                    idle.woke_after(since.elapsed());
+                    Ok(())
+                }
+                Ok(Polled::Nothing) => {
+                    let r = poll.poll(&mut events, None);
+                    idle.woke_after(since.elapsed());
+                    r
+                }
+                // The gap says nothing about the requests then: another task held the core.
+                Ok(Polled::Shared) => {
+                    idle.core_shared();
+                    poll.poll(&mut events, None)
+                }
+                Err(e) => Err(e),
+            }
         } else {
             poll.poll(&mut events, Some(Duration::ZERO))
         };
@@ -348,22 +360,41 @@ fn worker(shared: Arc<Shared>, mut poll: Poll, rx: Receiver<std::net::TcpStream>
     }
 }
 
-/// Poll for events without sleeping until one arrives or `window` has passed; whether one did.
-fn poll_for(poll: &mut Poll, events: &mut Events, window: Duration) -> io::Result<bool> {
+/// How [`poll_for`] ended.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Polled {
+    /// An event arrived.
+    Event,
+    /// The window passed without one.
+    Nothing,
+    /// Another task ran on this core meanwhile.
+    Shared,
+}
+
+/// A yield that took longer than this let another task run.
+const YIELDED: Duration = Duration::from_micros(5);
+
+/// Poll for events without sleeping until one arrives, `window` has passed, or another task
+/// wants this core (it runs, and polling stops: a client sharing the core must not wait for
+/// the window to end).
+fn poll_for(poll: &mut Poll, events: &mut Events, window: Duration) -> io::Result<Polled> {
     if window.is_zero() {
-        return Ok(false);
+        return Ok(Polled::Nothing);
     }
     let start = Instant::now();
     loop {
         poll.poll(events, Some(Duration::ZERO))?;
         if !events.is_empty() {
-            return Ok(true);
+            return Ok(Polled::Event);
         }
         if start.elapsed() >= window {
-            return Ok(false);
+            return Ok(Polled::Nothing);
         }
-        // Anything else runnable on this core (a client sharing it) goes first.
+        let before = Instant::now();
         std::thread::yield_now();
+        if before.elapsed() > YIELDED {
+            return Ok(Polled::Shared);
+        }
     }
 }
 
