@@ -4,9 +4,10 @@
 //! tracked, dense hot regions are promoted to hugepages and hot items on sparse regions are
 //! compacted onto hugepage-backed slab pages. This crate is such a cache, written for it:
 //! [`proto`] parses the memcached text protocol (PROTOCOL.md), [`cache`] holds items in slab
-//! classes with an LRU each, [`server`] runs mio event loops, [`hpsrun`] connects the cache to
-//! HPS and [`load`] is a pipelined load generator with YCSB's key distribution; [`memory`] is the
-//! definition of a server's memory that kvcache and its peers are measured with.
+//! classes with an LRU each, [`server`] runs mio event loops whose idle workers poll a while
+//! before they sleep ([`idle`]), [`hpsrun`] connects the cache to HPS and [`load`] is a
+//! pipelined load generator with YCSB's key distribution; [`memory`] is the definition of a
+//! server's memory that kvcache and its peers are measured with.
 
 use pagewise_kernel::features::{Capability, Feature};
 
@@ -21,6 +22,7 @@ pub const FEATURES: &[Feature] = &[
 
 pub mod cache;
 pub mod hpsrun;
+pub mod idle;
 pub mod load;
 pub mod memory;
 pub mod proto;

@@ -357,10 +357,19 @@ pub fn run(
 
 /// Send `stats` and return its `STAT name value` pairs.
 pub fn stats(addr: &str) -> std::io::Result<Vec<(String, String)>> {
+    stats_of(addr, "")
+}
+
+/// `stats settings` of the server at `addr`, as name/value pairs.
+pub fn settings(addr: &str) -> std::io::Result<Vec<(String, String)>> {
+    stats_of(addr, " settings")
+}
+
+fn stats_of(addr: &str, kind: &str) -> std::io::Result<Vec<(String, String)>> {
     let stream = connect(addr)?;
     let mut r = BufReader::new(stream.try_clone()?);
     let mut w = stream;
-    w.write_all(b"stats\r\n")?;
+    w.write_all(format!("stats{kind}\r\n").as_bytes())?;
     let mut out = Vec::new();
     let mut line = String::new();
     loop {

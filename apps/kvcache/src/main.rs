@@ -2,11 +2,14 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use clap::Parser;
 use pagewise_hugepage::HpsConfig;
+use pagewise_kernel::cpu;
 use pagewise_kvcache::cache::{Backing, Cache, CacheConfig};
 use pagewise_kvcache::hpsrun::{self, ControlConfig, HpsControl};
+use pagewise_kvcache::idle;
 use pagewise_kvcache::server::{Server, Settings, Shared};
 
 #[derive(Parser, Debug)]
@@ -24,6 +27,11 @@ struct Args {
     /// Worker threads (memcached -t).
     #[arg(short = 't', long = "threads", default_value_t = 4)]
     threads: usize,
+    /// Microseconds an idle worker may poll for requests before it sleeps: the most its
+    /// adaptive window grows to, used when the server is confined to some of the CPUs
+    /// (taskset, a cpuset); unconfined, or 0, workers sleep at once, as memcached's.
+    #[arg(long = "poll-us", default_value_t = pagewise_kvcache::idle::DEFAULT_MAX_US)]
+    poll_us: u64,
     /// Maximum simultaneous connections (memcached -c).
     #[arg(short = 'c', long = "conn-limit", default_value_t = 1024)]
     conns: usize,
@@ -85,9 +93,14 @@ fn run(args: Args) -> anyhow::Result<()> {
         )?),
         None => None,
     };
+    // Polling spends the core it runs on: only where the server was given cores.
+    let poll = match (cpu::affinity(0), cpu::online_cpus()) {
+        (Ok(allowed), Ok(online)) => idle::max_window(Duration::from_micros(args.poll_us), &allowed, &online),
+        _ => Duration::ZERO,
+    };
     let shared = Arc::new(Shared {
         cache,
-        settings: Settings { port: args.port, listen: args.listen, threads: args.threads, max_conns: args.conns },
+        settings: Settings { port: args.port, listen: args.listen, threads: args.threads, max_conns: args.conns, poll },
         stats: Default::default(),
         curr_conns: Default::default(),
         total_conns: Default::default(),

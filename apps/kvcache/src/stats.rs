@@ -129,6 +129,7 @@ pub fn settings(shared: &Shared, out: &mut Vec<u8>) {
     line(out, "interface", if s.listen.is_empty() { "NULL" } else { &s.listen });
     line(out, "verbosity", shared.verbosity.load(Ordering::Relaxed));
     line(out, "num_threads", s.threads);
+    line(out, "poll_us", s.poll.as_micros());
     line(out, "growth_factor", format!("{GROWTH:.2}"));
     line(out, "chunk_size", 48);
     line(out, "item_size_max", ITEM_MAX);

@@ -16,7 +16,10 @@ fn canary_ok(srv: &Server) {
 }
 
 fn with_canary(args: &[&str]) -> Server {
-    let srv = Server::start(args);
+    canary(Server::start(args))
+}
+
+fn canary(srv: Server) -> Server {
     srv.connect().exchange(b"set canary 42 0 6\r\nintact\r\n", b"STORED\r\n");
     srv
 }
@@ -32,7 +35,16 @@ fn overlong_line_gets_an_error_and_a_close() {
 
 #[test]
 fn a_client_that_never_reads_does_not_block_others() {
-    let srv = with_canary(&["-m", "64", "-t", "1"]);
+    never_reads(with_canary(&["-m", "64", "-t", "1"]));
+}
+
+/// The same on a server confined to one CPU, whose idle worker polls before it sleeps.
+#[test]
+fn a_client_that_never_reads_does_not_block_others_of_a_polling_server() {
+    never_reads(canary(Server::start_confined(&["-m", "64", "-t", "1"])));
+}
+
+fn never_reads(srv: Server) {
     let mut c = srv.connect();
     let value = vec![b'z'; 200_000];
     c.exchange(&[b"set big 0 0 200000\r\n".to_vec(), value, b"\r\n".to_vec()].concat(), b"STORED\r\n");
@@ -62,7 +74,16 @@ fn a_client_that_never_reads_does_not_block_others() {
 
 #[test]
 fn slow_and_half_closed_clients() {
-    let mut srv = with_canary(&["-m", "8", "-t", "1"]);
+    slow_and_half_closed(with_canary(&["-m", "8", "-t", "1"]));
+}
+
+/// The same on a server confined to one CPU, whose idle worker polls before it sleeps.
+#[test]
+fn slow_and_half_closed_clients_of_a_polling_server() {
+    slow_and_half_closed(canary(Server::start_confined(&["-m", "8", "-t", "1"])));
+}
+
+fn slow_and_half_closed(mut srv: Server) {
     // A request trickling in byte by byte, with other clients served in between.
     let mut slow = srv.connect();
     let req = b"set slow 0 0 5\r\nhello\r\n";

@@ -10,13 +10,23 @@ use common::Server;
 
 #[test]
 fn memccapable_ascii_passes_every_test() {
+    memccapable(|| Server::start(&["-m", "16", "-t", "2"]));
+}
+
+/// The same against a server confined to one CPU, whose idle workers poll before they sleep.
+#[test]
+fn memccapable_ascii_passes_every_test_on_a_polling_server() {
+    memccapable(|| Server::start_confined(&["-m", "16", "-t", "2"]));
+}
+
+fn memccapable(start: impl FnOnce() -> Server) {
     let Some(bin) = std::env::var_os("PATH")
         .and_then(|p| std::env::split_paths(&p).map(|d| d.join("memccapable")).find(|p| p.exists()))
     else {
         pagewise_kernel::testing::skip("memccapable not installed (libmemcached-tools; `make deps`)");
         return;
     };
-    let srv = Server::start(&["-m", "16", "-t", "2"]);
+    let srv = start();
     let (host, port) = srv.addr.rsplit_once(':').expect("host:port");
     let out =
         Command::new(&bin).args(["-h", host, "-p", port, "-a", "-v", "-t", "5"]).output().expect("run memccapable");

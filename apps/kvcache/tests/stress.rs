@@ -61,7 +61,19 @@ fn self_consistent(key: &str, v: &[u8]) -> bool {
 #[test]
 fn concurrent_clients_see_exactly_what_was_stored() {
     // 8000 keys of ~1 KB (two slab classes) in 4 MiB: stores must evict.
-    let srv = Server::start(&["-m", "4", "-t", "4"]);
+    concurrent_clients(&Server::start(&["-m", "4", "-t", "4"]));
+}
+
+/// The same on a server confined to one CPU, whose idle workers poll before they sleep.
+#[test]
+fn concurrent_clients_of_a_polling_server_see_exactly_what_was_stored() {
+    let srv = Server::start_confined(&["-m", "4", "-t", "4"]);
+    let cpus = pagewise_kernel::cpu::online_cpus().expect("online CPUs").len();
+    assert_eq!(srv.setting_u64("poll_us"), if cpus > 1 { pagewise_kvcache::idle::DEFAULT_MAX_US } else { 0 });
+    concurrent_clients(&srv);
+}
+
+fn concurrent_clients(srv: &Server) {
     let addr = srv.addr.clone();
     std::thread::scope(|s| {
         for t in 0..4u64 {

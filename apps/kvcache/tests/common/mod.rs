@@ -16,9 +16,25 @@ impl Server {
         Self::try_start(args).unwrap_or_else(|e| panic!("server did not start: {e}"))
     }
 
+    /// Start confined to one CPU (the last online one), as `pagewise eval hps-kvcache` starts it:
+    /// on a machine of more than one CPU its idle workers then poll before they sleep.
+    pub fn start_confined(args: &[&str]) -> Server {
+        let cpu = *pagewise_kernel::cpu::online_cpus().expect("online CPUs").last().expect("a CPU");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_pagewise-kvcache"));
+        // SAFETY: pin_before_exec is async-signal-safe (one syscall, no allocation).
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || pagewise_kernel::cpu::pin_before_exec(cpu))
+        };
+        Self::spawn(cmd, args).unwrap_or_else(|e| panic!("server did not start: {e}"))
+    }
+
     /// Start, or the server's own error message when it refused to (e.g. HPS unavailable).
     pub fn try_start(args: &[&str]) -> Result<Server, String> {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pagewise-kvcache"))
+        Self::spawn(Command::new(env!("CARGO_BIN_EXE_pagewise-kvcache")), args)
+    }
+
+    fn spawn(mut cmd: Command, args: &[&str]) -> Result<Server, String> {
+        let mut child = cmd
             .args(["-p", "0", "-l", "127.0.0.1"])
             .args(args)
             .stdout(Stdio::piped())
@@ -56,6 +72,16 @@ impl Server {
 
     pub fn stat_u64(&self, name: &str) -> u64 {
         self.stat(name).parse().expect("numeric stat")
+    }
+
+    /// A numeric field of `stats settings`.
+    pub fn setting_u64(&self, name: &str) -> u64 {
+        pagewise_kvcache::load::settings(&self.addr)
+            .expect("stats settings")
+            .into_iter()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or_else(|| panic!("no numeric setting {name}"))
     }
 }
 

@@ -375,6 +375,8 @@ impl Experiment for HpsKvcache {
         // kvcache against memcached: the pipelined load above, then the clients that wait for
         // each reply on a fresh pair of servers (no other server's threads on their core).
         let mut peers: Vec<clients::Paired> = Vec::new();
+        // How long kvcache's idle workers poll before they sleep (`stats settings`).
+        let mut kv_poll_us = None;
         if let (Some(kv), Some(mc)) = (idx(Config::Default), idx(Config::Memcached)) {
             let mut pipelined = clients::Paired::new(
                 "pipelined",
@@ -388,6 +390,10 @@ impl Experiment for HpsKvcache {
         if have_memcached {
             ctx.message("clients that wait for each reply");
             let (kv, mc) = (start(Config::Default, waiting_mem, &[])?, start(Config::Memcached, waiting_mem, &[])?);
+            kv_poll_us = load::settings(&kv.addr)?
+                .into_iter()
+                .find(|(k, _)| k == "poll_us")
+                .and_then(|(_, v)| v.parse::<u64>().ok());
             peers.extend(clients::waiting(ctx, &kv, &mc, &waiting)?);
         }
 
@@ -633,10 +639,20 @@ impl Experiment for HpsKvcache {
         if !busy.is_empty() {
             report.note(format!(
                 "How busy each client kept its one core (its CPU time over its wall-clock time, start-up included; \
-                 `*_client_core_busy`): {}. A client near 100% sets the pace: the server's speed shows in its CPU \
-                 per operation more than in the client's throughput, whose ratio then sits near 1 and moves with \
-                 whatever else runs on the client's core.",
-                busy.join(", ")
+                 `*_client_core_busy`): {}. A client near 100% sets the pace: its throughput follows what an \
+                 operation costs on its own core, and waking a server's worker that sleeps on an idle vCPU is \
+                 part of that cost (the client's send pays for the wake-up). {}",
+                busy.join(", "),
+                match kv_poll_us {
+                    Some(us) if us > 0 => format!(
+                        "kvcache's idle workers polled up to {us} µs before they slept (`--poll-us`, used as it runs \
+                         confined to one CPU; adapted to the gaps between requests), memcached's sleep at once: \
+                         kvcache spends server CPU, counted in `_per_server_cpu`, so that the client does not spend \
+                         its own on wake-ups."
+                    ),
+                    _ => "kvcache's idle workers slept at once, as memcached's (no polling: it may run on every CPU)."
+                        .to_string(),
+                }
             ));
         }
         report.note(

@@ -349,7 +349,7 @@ pub(super) fn waiting(ctx: &Context, kv: &Running, mc: &Running, w: &Waiting) ->
     );
     let ycsb_client = |name: &str| {
         let threads = w.ycsb.map_or(0, |y| y.3);
-        format!("YCSB 0.17 {name}, {threads} threads (spymemcached, one connection)")
+        format!("YCSB 0.17 {name}, {threads} threads (spymemcached, a connection each)")
     };
     let mut ycsb_c = Paired::new("ycsb_c", ycsb_client("workload C"));
     let mut ycsb_b = Paired::new("ycsb_b", ycsb_client("workload B"));
