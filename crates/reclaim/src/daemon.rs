@@ -630,11 +630,16 @@ impl LoadSizing {
         if target.version() != Version::V1 || self.threshold_failed {
             return Ok(());
         }
-        if self.threshold.is_none() {
-            let helper = MovingThreshold::new(target.clone(), format!("reclaimd-arm{}", self.cpu));
-            self.threshold = Some(helper.map_err(|e| pagewise_kernel::Error::Invalid(format!("helper thread: {e}")))?);
-        }
-        let t = self.threshold.as_mut().expect("made above");
+        let t = match &mut self.threshold {
+            Some(t) => t,
+            None => match MovingThreshold::new(target.clone(), format!("reclaimd-arm{}", self.cpu)) {
+                Ok(t) => self.threshold.insert(t),
+                Err(e) => {
+                    self.threshold_failed = true;
+                    return Err(pagewise_kernel::Error::Invalid(format!("no helper thread to arm it: {e}")));
+                }
+            },
+        };
         t.want(limit.saturating_sub(low_bytes), low_bytes / 8);
         if let Err(e) = t.settle() {
             self.threshold_failed = true;
