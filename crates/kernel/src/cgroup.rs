@@ -347,7 +347,7 @@ impl MemCgroup {
     /// `guard`, so a writer killed between them still gets the limit restored (journal).
     /// EBUSY (nothing more reclaimable) is not an error: the usage drop says what happened.
     pub fn reclaim_in_caller(&self, guard: &SettingsGuard, bytes: u64, restore_to: Option<u64>) -> Result<u64> {
-        self.reclaim_in_caller_within(guard, bytes, restore_to, None)
+        Ok(self.reclaim_in_caller_within(guard, bytes, restore_to, None)?.bytes)
     }
 
     /// [`MemCgroup::reclaim_in_caller`] bounded in time: the kernel's resize loop keeps
@@ -360,12 +360,13 @@ impl MemCgroup {
         bytes: u64,
         restore_to: Option<u64>,
         deadline: Option<Duration>,
-    ) -> Result<u64> {
+    ) -> Result<Reclaimed> {
         let before = self.usage()?;
+        let mut exhausted = false;
         match self.version {
             Version::V2 => match self.reclaim(bytes) {
                 Ok(()) => {}
-                Err(e) if e.errno() == Some(libc::EAGAIN) => {}
+                Err(e) if e.errno() == Some(libc::EAGAIN) => exhausted = true,
                 Err(e) => return Err(e),
             },
             Version::V1 => {
@@ -410,12 +411,13 @@ impl MemCgroup {
                 })?;
                 match lowered {
                     Ok(()) => {}
-                    Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EINTR)) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) => exhausted = true,
+                    Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
                     Err(source) => return Err(Error::Write { path: file, value: target, source }),
                 }
             }
         }
-        Ok(before.saturating_sub(self.usage()?))
+        Ok(Reclaimed { bytes: before.saturating_sub(self.usage()?), exhausted })
     }
 
     /// v1: the number of times usage hit the limit.
@@ -502,6 +504,17 @@ impl UsageThreshold {
             Err(e) => Err(e),
         }
     }
+}
+
+/// What one reclaim in the caller's context did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reclaimed {
+    /// How much the group's usage fell meanwhile (its own tasks may have charged some back).
+    pub bytes: u64,
+    /// The kernel stopped short of the target because it could reclaim nothing more (v1:
+    /// mem_cgroup_resize_max()'s EBUSY after a round that freed nothing; v2: EAGAIN). Not
+    /// set when the deadline cut the pass.
+    pub exhausted: bool,
 }
 
 /// A one-shot POSIX timer that sends a no-op signal to the calling thread, to interrupt a

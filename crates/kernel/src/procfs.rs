@@ -1,4 +1,4 @@
-//! /proc readers: meminfo, vmstat, zoneinfo, maps/smaps/smaps_rollup, status, pagemap,
+//! /proc readers: meminfo, vmstat, zoneinfo, maps/smaps/smaps_rollup, status, io, pagemap,
 //! kpageflags and /proc/sys/vm.
 //!
 //! Parsing is pure (functions over text, tested on fixtures from real kernels); the `read_*`
@@ -11,7 +11,7 @@ use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
 
-use procfs_core::process::{MemoryMaps, PageInfo, SmapsRollup, Status};
+use procfs_core::process::{Io, MemoryMaps, PageInfo, SmapsRollup, Status};
 use procfs_core::{FromBufRead, Meminfo};
 use serde::Serialize;
 
@@ -40,6 +40,13 @@ impl Pid {
             Pid::Id(p) => format!("/proc/{p}/{file}"),
         }
     }
+}
+
+/// /proc/PID/io: what the process (all its threads) read and wrote, `read_bytes` being what
+/// it made the kernel fetch from storage (its page-cache misses, readahead included).
+pub fn read_io(pid: Pid) -> Result<Io> {
+    let path = pid.path("io");
+    parse_with(&path, &read_file(&path)?)
 }
 
 /// /proc/meminfo (values in bytes, as procfs-core reports them).
@@ -424,6 +431,18 @@ mod tests {
         assert!(super::parse_cpu_steal_ticks(text, 2).is_err());
         // Kernels before 2.6.11 had no steal column.
         assert!(super::parse_cpu_steal_ticks("cpu0 1 2 3 4 5 6 7\n", 0).is_err());
+    }
+
+    #[test]
+    fn a_read_shows_in_the_process_io_counters() {
+        let dir = crate::private_dir::PrivateDir::new("procfs-io").unwrap();
+        let file = dir.join("data");
+        std::fs::write(&file, vec![7u8; 1 << 16]).unwrap();
+        let before = read_io(Pid::SelfProcess).unwrap();
+        assert_eq!(std::fs::read(&file).unwrap().len(), 1 << 16);
+        let after = read_io(Pid::Id(std::process::id() as i32)).unwrap();
+        assert!(after.rchar >= before.rchar + (1 << 16), "{before:?} -> {after:?}");
+        assert!(after.read_bytes >= before.read_bytes);
     }
 
     #[test]

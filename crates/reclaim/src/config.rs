@@ -166,6 +166,12 @@ pub struct RawConfig {
     /// page kept free is a page of cache the workload does not have.
     #[serde(default = "default_max_headroom_percent")]
     pub max_headroom_percent: u32,
+    /// Cgroup scope: the group's composition (memory.stat) is read at most this often (ms),
+    /// and only before a reclaim step; in between it is estimated from usage. Reading
+    /// memory.stat flushes the group's statistics, which the kernel's own active/inactive
+    /// balancing reads: read every few ms, they changed which pages the group kept.
+    #[serde(default = "default_stat_interval_ms")]
+    pub stat_interval_ms: u64,
     #[serde(default)]
     pub roles: RawRoles,
     #[serde(default)]
@@ -187,6 +193,9 @@ fn default_pass_ms() -> u64 {
 }
 fn default_max_headroom_percent() -> u32 {
     10
+}
+fn default_stat_interval_ms() -> u64 {
+    2000
 }
 fn default_psi_stall() -> u64 {
     50
@@ -310,6 +319,9 @@ impl Config {
         }
         if raw.pass_ms == 0 || raw.pass_ms > 10_000 {
             return Err(err("pass_ms", format!("{} is outside 1..=10000", raw.pass_ms)));
+        }
+        if raw.stat_interval_ms == 0 || raw.stat_interval_ms > 60_000 {
+            return Err(err("stat_interval_ms", format!("{} is outside 1..=60000", raw.stat_interval_ms)));
         }
         if raw.max_headroom_percent == 0 || raw.max_headroom_percent > 50 {
             return Err(err("max_headroom_percent", format!("{} is outside 1..=50", raw.max_headroom_percent)));
@@ -439,6 +451,8 @@ pages_high_ratio = 4000
             "[roles]\nreclaim = \"0\"\n[cores.\"0\"]\nmin_free_kbytes = 2147483647\n[cores.\"1\"]\nmin_free_kbytes = 2147483647\n",
         );
         assert!(e.contains("sum"), "{e}");
+        let e = error_of("stat_interval_ms = 0\n[roles]\nreclaim = \"0\"\n");
+        assert!(e.contains("stat_interval_ms"), "{e}");
         let e = error_of("protected_reserve_kb = 1024\n[roles]\nreclaim = \"0\"\n");
         assert!(e.contains("protected_reserve_kb"), "{e}");
     }

@@ -6,14 +6,22 @@
 //! - **cgroup scope**: headroom = limit − usage; v2 memory.reclaim, or on v1 (this VM) the
 //!   limit-lowering trick ([`MemCgroup::reclaim_in_caller`]): the memcg reclaim runs in the
 //!   writer, i.e. on the reclaim core, while the group's own tasks keep finding headroom.
-//!   On v1 the worker also wakes the moment usage crosses its low watermark (a usage
-//!   threshold eventfd), not only on its timer.
+//!   On v1 the worker also wakes when usage crosses its low watermark (a usage threshold
+//!   eventfd, moved by a helper thread: registering one waits for an RCU grace period,
+//!   [`crate::threshold`]), not only on its timer.
 //!   - *Headroom sized to the load*: a fixed headroom cannot hold against an unknown rate, so
-//!     the watermarks are raised to what the group charges (v1 `total_pgpgin` per second)
-//!     during the worker's reaction time (its wake-up plus its last passes), the way
-//!     watermark_scale_factor and watermark boost size kswapd's ([`rate_sized_watermarks`]),
-//!     the rate measured over windows of at least 50 ms, the headroom capped at
-//!     `max_headroom_percent` of the limit: every page kept free is cache the group lacks.
+//!     the watermarks are raised to what the group uses up (usage grown plus what the worker
+//!     reclaimed, per second) during the worker's reaction time (its wake-up plus the rest
+//!     of its recent loops; a page pass that frees faster than the load charges does not
+//!     count), the way watermark_scale_factor and watermark boost size kswapd's
+//!     ([`rate_sized_watermarks`]), the rate measured over windows of at least 50 ms, the
+//!     headroom capped at `max_headroom_percent` of the limit: every page kept free is cache
+//!     the group lacks.
+//!   - *Leave the kernel's LRU balance alone*: the group's memory.stat is read only before a
+//!     step, at most every `stat_interval_ms` (unless the step nears the unreclaimable floor
+//!     or the last one found less to reclaim than expected), and estimated from usage in
+//!     between: each reading flushes the group's statistics, which the kernel's
+//!     active/inactive balancing reads.
 //!   - *Protected reserve*: with `reclaim_cgroup` the reclaim group gets a standing limit of
 //!     the watched group's limit minus `protected_reserve_kb`. A pressure faster than the
 //!     worker then meets its own limit, and reclaims on its own core, before the watched
@@ -22,7 +30,8 @@
 //!   - *Never hurt the workload*: a step never lowers a limit below the group's memory that
 //!     reclaim cannot free (anonymous, shmem, unevictable: with no swap, a limit below it is
 //!     an OOM kill) nor asks for more than its page cache and reclaimable slab
-//!     ([`safe_reclaim_pages`]). A limit that cannot be put back stops the daemon: the guard
+//!     ([`safe_reclaim_pages`]; between readings, usage grown counts as unreclaimable,
+//!     [`GroupMemory::carried_to`]). A limit that cannot be put back stops the daemon: the guard
 //!     restores it and reclaimd exits non-zero naming the group.
 //! - **system scope**: the lowest-free low-memory zone from /proc/zoneinfo against the core's
 //!   per-zone thresholds (kernel rounding), kept above the kernel's own high watermark so the
@@ -39,23 +48,27 @@
 //! through the [`SettingsGuard`], whose journal restores it even after SIGKILL.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use pagewise_kernel::cgroup::{Composition, MemCgroup, PsiTrigger, PsiTriggerSpec, UsageThreshold, Version};
-use pagewise_kernel::procfs::{read_vm_sysctl, read_zoneinfo, set_vm_sysctl, Zone};
-use pagewise_kernel::{cpu, pagecache, SettingsGuard};
+use pagewise_kernel::cgroup::{Composition, MemCgroup, PsiTrigger, PsiTriggerSpec, Reclaimed, Version};
+use pagewise_kernel::procfs::{read_vm_sysctl, set_vm_sysctl};
+use pagewise_kernel::{cpu, SettingsGuard};
 use serde::Serialize;
 
 use crate::config::{Config, ScopeKind};
 use crate::policy::{
-    kernel_watermarks, rate_sized_watermarks, safe_reclaim_pages, ChargeRate, GroupMemory, Hysteresis, PerCoreTable,
-    Watermarks, ZoneShape,
+    rate_sized_watermarks, safe_reclaim_pages, ChargeRate, GroupMemory, Hysteresis, PerCoreTable, Watermarks,
 };
+use crate::threshold::MovingThreshold;
 use crate::tree::Tree;
+
+mod system;
+pub use system::effective_zone_watermarks;
+use system::{system_reclaim, system_step};
 
 const PAGE_SHIFT: u32 = 12;
 const PAGE: u64 = 1 << PAGE_SHIFT;
@@ -95,6 +108,8 @@ pub struct WorkerReport {
     pub threshold_wakeups: u64,
     /// Steps cut or refused because the group had too little reclaimable memory.
     pub unsafe_steps_refused: u64,
+    /// Readings of the group's memory.stat (cgroup scope; each flushes its statistics).
+    pub memory_stat_reads: u64,
     /// The highest charge rate seen (MiB/s) and the largest low watermark it led to (MiB).
     pub max_charge_mib_per_s: f64,
     pub max_low_mib: f64,
@@ -393,19 +408,26 @@ fn worker_loop(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared, mut 
     let pass = Duration::from_millis(cfg.raw.pass_ms);
     let mut hyst: BTreeMap<usize, Hysteresis> = BTreeMap::new();
     let mut raised_warned = false;
-    let mut load = LoadSizing::new(cfg.interval, cfg.raw.max_headroom_percent);
+    let mut load = LoadSizing::new(
+        cfg.interval,
+        cfg.raw.max_headroom_percent,
+        cpu_id,
+        Duration::from_millis(cfg.raw.stat_interval_ms),
+    );
     // A pass that freed memory but left free below high is followed at once, not after the
     // timer: the hysteresis is still running and the load is still charging.
     let mut again = false;
     while !shared.stop.load(Ordering::Acquire) {
         let timeout = if again { Duration::ZERO } else { cfg.interval };
-        match (&load.threshold, &psi) {
+        match (load.threshold.as_ref().filter(|t| t.armed_at().is_some()), &psi) {
             (Some(t), _) => rep.threshold_wakeups += u64::from(t.wait(timeout).unwrap_or(false)),
             (None, Some(p)) => rep.psi_wakeups += u64::from(p.wait(timeout).unwrap_or(false)),
             (None, None) => std::thread::sleep(timeout),
         }
         again = false;
         let woke = Instant::now();
+        // How long a page pass ran that freed memory faster than the load charged it.
+        let mut outpaced = Duration::ZERO;
         rep.wakeups += 1;
         rep.ran_on.insert(cpu::current_cpu());
         let Some(mut core) = shared.table.read().unwrap_or_else(|e| e.into_inner()).get(cpu_id) else { continue };
@@ -430,6 +452,7 @@ fn worker_loop(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared, mut 
         };
         rep.min_free_pages = rep.min_free_pages.min(free);
         rep.unsafe_steps_refused = load.refused;
+        rep.memory_stat_reads = load.stat_reads;
         rep.max_charge_mib_per_s = rep.max_charge_mib_per_s.max(load.rate.pages_per_s() * PAGE as f64 / 1048576.0);
         rep.max_low_mib = rep.max_low_mib.max((load.low_pages * PAGE) as f64 / 1048576.0);
         if need > 0 {
@@ -446,15 +469,24 @@ fn worker_loop(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared, mut 
                 }
                 Scope::System { cache_paths, drop_caches } => system_reclaim(need * PAGE, cache_paths, *drop_caches),
             };
-            let ms = t.elapsed().as_secs_f64() * 1e3;
+            let took = t.elapsed();
+            let ms = took.as_secs_f64() * 1e3;
             rep.reclaim_time_ms += ms;
             rep.max_pass_ms = rep.max_pass_ms.max(ms);
             rep.reclaim_passes += 1;
             match got {
-                Ok(b) => {
+                Ok(Reclaimed { bytes: b, exhausted }) => {
+                    if b > 0 {
+                        outpaced = took;
+                    }
                     rep.reclaimed_bytes += b;
                     load.reclaimed_pages += b / PAGE;
                     again = b > 0 && hyst.values().any(|h| h.active);
+                    if exhausted {
+                        // Less reclaimable than the estimate said: read the composition
+                        // before the next step.
+                        load.read = None;
+                    }
                 }
                 Err(e @ pagewise_kernel::Error::LimitNotRestored { .. }) => {
                     rep.errors.push(e.to_string());
@@ -479,7 +511,10 @@ fn worker_loop(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared, mut 
                 Err(e) => rep.errors.push(e.to_string()),
             }
         }
-        load.reacted(woke.elapsed());
+        // A page pass that lowered usage freed pages faster than the load charged them (about
+        // 3 GB/s against 0.6 on the file-server load): free memory was lowest when it began,
+        // so only the rest of the loop counts. One that did not counts whole.
+        load.reacted(woke.elapsed().saturating_sub(outpaced));
         rep.max_reaction_ms = rep.max_reaction_ms.max(load.reaction_s() * 1e3);
         if rep.errors.len() > 100 {
             shared.say(format!("cpu{cpu_id}: too many errors, stopping: {}", rep.errors.last().expect("nonempty")));
@@ -493,11 +528,14 @@ fn worker_loop(cpu_id: usize, cfg: &Config, scope: &Scope, shared: &Shared, mut 
 /// reaction time, and the usage threshold that wakes it at its (rate-sized) low watermark.
 struct LoadSizing {
     rate: ChargeRate,
-    /// The last reaction times (wake-up to end of pass), newest last.
+    /// The last reaction times (a loop's time besides a page pass that freed memory), newest
+    /// last.
     reactions: std::collections::VecDeque<Duration>,
     /// How late a wake-up can be: the timer's interval without a threshold, else ~1 ms.
     interval: Duration,
-    threshold: Option<UsageThreshold>,
+    /// The usage threshold, moved by a helper thread (registering one blocks for an RCU
+    /// grace period); None before the first arm, on v2, or after arming failed.
+    threshold: Option<MovingThreshold>,
     /// Arming failed once (said in the log): the timer alone wakes the worker.
     threshold_failed: bool,
     last: Option<Instant>,
@@ -507,14 +545,26 @@ struct LoadSizing {
     refused: u64,
     /// The cap of the rate-sized headroom, in % of the limit.
     max_headroom_percent: u32,
+    /// The worker's core (names the threshold's helper thread).
+    cpu: usize,
+    /// The group's composition as last read, and when (None: read it before the next step).
+    read: Option<(GroupMemory, Instant)>,
+    /// How old that reading may get before a step reads it again.
+    stat_interval: Duration,
+    /// memory.stat readings so far.
+    stat_reads: u64,
 }
 
 impl LoadSizing {
     /// Reaction times remembered: the watermarks are sized for the worst of these.
     const WINDOW: usize = 32;
 
-    fn new(interval: Duration, max_headroom_percent: u32) -> Self {
+    fn new(interval: Duration, max_headroom_percent: u32, cpu: usize, stat_interval: Duration) -> Self {
         LoadSizing {
+            cpu,
+            read: None,
+            stat_interval,
+            stat_reads: 0,
             max_headroom_percent,
             rate: ChargeRate::default(),
             reactions: Default::default(),
@@ -535,28 +585,66 @@ impl LoadSizing {
         self.reactions.push_back(took);
     }
 
-    /// Seconds from free memory crossing low until the worker's pass has ended.
+    /// Seconds from free memory crossing low until the worker's next page pass starts freeing
+    /// more than the load charges: its wake-up, plus the longest of its recent loops besides
+    /// the page passes that did (reading the group, a slab batch, a pass that fell behind).
     fn reaction_s(&self) -> f64 {
-        let wake = if self.threshold.is_some() { Duration::from_millis(1) } else { self.interval };
+        let armed = self.threshold.as_ref().is_some_and(|t| t.armed_at().is_some());
+        let wake = if armed { Duration::from_millis(1) } else { self.interval };
         (wake + self.reactions.iter().max().copied().unwrap_or_default()).as_secs_f64()
     }
 
-    /// Move the usage threshold to `limit - low` when it is off by more than an eighth of low.
+    /// The group's memory for a step of `want` pages: memory.stat read afresh when there is
+    /// no reading (none yet, or the last step freed less than it asked), when it is older
+    /// than the stat interval, or when the step comes near the unreclaimable floor; else the
+    /// last reading carried forward to `usage` ([`GroupMemory::carried_to`]). Reading memory.stat flushes the group's statistics, and
+    /// the kernel balances its active and inactive lists by them: a worker that read them
+    /// every 2 ms kept them fresh where the kernel alone lets them age for up to 2 s, and the
+    /// file-server load then kept different pages and read 15–20% more from disk (issue 23).
+    fn memory(
+        &mut self,
+        target: &MemCgroup,
+        usage: u64,
+        want: u64,
+        now: Instant,
+        shared: &Shared,
+    ) -> pagewise_kernel::Result<GroupMemory> {
+        if let Some((m, at)) = self.read {
+            let carried = m.carried_to(usage);
+            if now.duration_since(at) < self.stat_interval && !carried.near_floor(want) {
+                return Ok(carried);
+            }
+        }
+        let m = {
+            let _l = shared.mech.lock().unwrap_or_else(|e| e.into_inner());
+            group_memory(&target.composition()?)
+        };
+        self.stat_reads += 1;
+        self.read = Some((m, now));
+        Ok(m)
+    }
+
+    /// Ask for the usage threshold at `limit - low` when the one armed (or being armed) is off
+    /// by more than an eighth of low, and put in place one the helper has finished.
     fn arm(&mut self, target: &MemCgroup, limit: u64, low_bytes: u64) -> pagewise_kernel::Result<()> {
         if target.version() != Version::V1 || self.threshold_failed {
             return Ok(());
         }
-        let at = limit.saturating_sub(low_bytes);
-        if self.threshold.as_ref().is_some_and(|t| t.bytes().abs_diff(at) <= low_bytes / 8) {
-            return Ok(());
-        }
-        self.threshold = None;
-        match target.usage_threshold(at) {
-            Ok(t) => self.threshold = Some(t),
-            Err(e) => {
-                self.threshold_failed = true;
-                return Err(e);
-            }
+        let t = match &mut self.threshold {
+            Some(t) => t,
+            None => match MovingThreshold::new(target.clone(), format!("reclaimd-arm{}", self.cpu)) {
+                Ok(t) => self.threshold.insert(t),
+                Err(e) => {
+                    self.threshold_failed = true;
+                    return Err(pagewise_kernel::Error::Invalid(format!("no helper thread to arm it: {e}")));
+                }
+            },
+        };
+        t.want(limit.saturating_sub(low_bytes), low_bytes / 8);
+        if let Err(e) = t.settle() {
+            self.threshold_failed = true;
+            self.threshold = None;
+            return Err(e);
         }
         Ok(())
     }
@@ -581,9 +669,12 @@ fn cgroup_step(
     shared: &Shared,
 ) -> Step {
     let target = from.unwrap_or(cg);
-    let (limit, usage, own_limit, comp) = {
+    // Limits and usage only: memory.stat is read when a step needs it (see LoadSizing::memory).
+    let (limit, usage, own_limit, own_usage) = {
         let _l = shared.mech.lock().unwrap_or_else(|e| e.into_inner());
-        (cg.limit()?, cg.usage()?, target.limit()?, target.composition()?)
+        let usage = cg.usage()?;
+        let own_usage = if from.is_some() { target.usage()? } else { usage };
+        (cg.limit()?, usage, target.limit()?, own_usage)
     };
     let Some(lim) = limit else { return Ok((u64::MAX, 0, None)) };
     // The headroom that counts is the smaller of the watched group's and, with a reclaim
@@ -591,13 +682,14 @@ fn cgroup_step(
     let mut free = lim.saturating_sub(usage) / PAGE;
     let own_lim = own_limit.unwrap_or(lim).min(lim);
     if from.is_some() {
-        free = free.min(own_lim.saturating_sub(comp.usage) / PAGE);
+        free = free.min(own_lim.saturating_sub(own_usage) / PAGE);
     }
     let now = Instant::now();
     let dt = load.last.map_or(0.0, |l| now.duration_since(l).as_secs_f64());
     load.last = Some(now);
-    let charged = comp.charged_pages.unwrap_or(comp.usage / PAGE + load.reclaimed_pages);
-    let rate = load.rate.observe(charged, dt);
+    // The rate the headroom is used up at: usage grown plus what the worker reclaimed (the
+    // group's net charges; pages it freed itself, by truncation, use none of the headroom).
+    let rate = load.rate.observe(own_usage / PAGE + load.reclaimed_pages, dt);
     let cap = own_lim / PAGE * u64::from(load.max_headroom_percent) / 100;
     let wm = rate_sized_watermarks(base, rate, load.reaction_s(), cap);
     load.low_pages = wm.low;
@@ -607,7 +699,11 @@ fn cgroup_step(
     // A pass may take up to one reaction time's worth of charges, so the batch grows with it.
     let batch = batch.max(wm.high - wm.low);
     let want = hyst.entry(0).or_default().step(free, wm, batch);
-    let need = safe_reclaim_pages(want, group_memory(&comp), SAFETY_MARGIN_PAGES, MIN_STEP_PAGES);
+    if want == 0 {
+        return Ok((free, 0, limit));
+    }
+    let memory = load.memory(target, own_usage / PAGE, want, now, shared)?;
+    let need = safe_reclaim_pages(want, memory, SAFETY_MARGIN_PAGES, MIN_STEP_PAGES);
     if need < want {
         load.refused += 1;
     }
@@ -622,96 +718,6 @@ fn group_memory(c: &Composition) -> GroupMemory {
         usage: c.usage / PAGE,
         reclaimable: (c.file.saturating_sub(c.file_mapped) + c.slab_reclaimable) / PAGE,
         unreclaimable: c.unreclaimable / PAGE,
-    }
-}
-
-fn system_step(
-    core: &crate::policy::CoreThresholds,
-    batch: u64,
-    hyst: &mut BTreeMap<usize, Hysteresis>,
-    warned: &mut bool,
-    shared: &Shared,
-) -> Step {
-    let zones = read_zoneinfo()?;
-    let wsf: u64 = read_vm_sysctl("watermark_scale_factor")?.parse().unwrap_or(10);
-    let kmin: u64 = read_vm_sysctl("min_free_kbytes")?.parse().unwrap_or(0);
-    let eff = effective_zone_watermarks(core, &zones, kmin, wsf);
-    let (mut need, mut free_min) = (0, u64::MAX);
-    for (i, (z, wm, raised)) in eff.iter().enumerate() {
-        if *raised && !*warned {
-            shared.say(format!(
-                "zone {}: this core's low is not above the kernel's high; using low {} high {} pages",
-                z.name, wm.low, wm.high
-            ));
-            *warned = true;
-        }
-        free_min = free_min.min(z.free);
-        need = need.max(hyst.entry(i).or_default().step(z.free, *wm, batch));
-    }
-    Ok((free_min, need, None))
-}
-
-/// The core's per-zone watermarks, raised above the kernel's own high watermark where they are
-/// not (so the worker starts before kswapd would): (zone, watermarks, raised?).
-pub fn effective_zone_watermarks<'z>(
-    core: &crate::policy::CoreThresholds,
-    zones: &'z [Zone],
-    kernel_min_free_kbytes: u64,
-    wsf: u64,
-) -> Vec<(&'z Zone, Watermarks, bool)> {
-    let shapes: Vec<ZoneShape> =
-        zones.iter().map(|z| ZoneShape { managed: z.managed, movable_or_high: z.name == "Movable" }).collect();
-    let kernel = kernel_watermarks(kernel_min_free_kbytes, PAGE_SHIFT, wsf, &shapes);
-    let lowmem: u64 = shapes.iter().filter(|s| !s.movable_or_high).map(|s| s.managed).sum();
-    zones
-        .iter()
-        .zip(kernel)
-        .filter(|(z, _)| z.is_populated() && z.name != "Movable")
-        .map(|(z, k)| {
-            let mut wm = core.zone_watermarks(PAGE_SHIFT, z.managed, lowmem);
-            let raised = wm.low <= z.high.max(k.high);
-            if raised {
-                let gap = (wm.high - wm.low).max(z.high.max(k.high) - z.min.max(k.min));
-                wm.low = z.high.max(k.high) + 1;
-                wm.high = wm.high.max(wm.low + gap);
-            }
-            (z, wm, raised)
-        })
-        .collect()
-}
-
-/// System scope: drop the page cache of the coldest files (oldest access) under `paths` until
-/// MemFree rose by `bytes`; then drop_caches if allowed. Returns the rise of MemFree.
-fn system_reclaim(bytes: u64, paths: &[PathBuf], drop_caches: bool) -> pagewise_kernel::Result<u64> {
-    let free = || -> pagewise_kernel::Result<u64> { Ok(pagewise_kernel::procfs::read_meminfo()?.mem_free) };
-    let start = free()?;
-    let mut files = Vec::new();
-    for p in paths {
-        collect_files(p, &mut files, 0);
-    }
-    files.sort_by_key(|(_, atime)| *atime);
-    for (f, _) in files {
-        let _ = pagecache::drop_file_cache(&f);
-        if free()?.saturating_sub(start) >= bytes {
-            return Ok(free()?.saturating_sub(start));
-        }
-    }
-    if drop_caches {
-        pagecache::drop_caches(pagecache::DropCaches::PageCache)?;
-    }
-    Ok(free()?.saturating_sub(start))
-}
-
-fn collect_files(p: &Path, out: &mut Vec<(PathBuf, std::time::SystemTime)>, depth: usize) {
-    let Ok(md) = std::fs::symlink_metadata(p) else { return };
-    if md.is_file() {
-        out.push((p.to_path_buf(), md.accessed().unwrap_or(std::time::UNIX_EPOCH)));
-    } else if md.is_dir() && depth < 16 {
-        if let Ok(rd) = std::fs::read_dir(p) {
-            for e in rd.flatten() {
-                collect_files(&e.path(), out, depth + 1);
-            }
-        }
     }
 }
 

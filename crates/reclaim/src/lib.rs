@@ -9,6 +9,7 @@
 //!   a cgroup's headroom) and reclaim in their own context, so on their own core.
 //! - [`tree`]: the `/run/pagewise/percpu_free_mem/cpuN` files, read and written live.
 //! - [`stats`]: per-core statistics from the vmscan trace events.
+//! - [`threshold`]: the worker's cgroup-v1 usage threshold, moved by a helper thread.
 //!
 //! Why user space can do this at all: every proactive reclaim interface of Linux reclaims in
 //! the *writer's* context (cgroup v2 memory.reclaim, cgroup v1 limit lowering, posix_fadvise
@@ -21,6 +22,7 @@ pub mod config;
 pub mod daemon;
 pub mod policy;
 pub mod stats;
+pub mod threshold;
 pub mod tree;
 
 use pagewise_kernel::features::{Capability, Feature};

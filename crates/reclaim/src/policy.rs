@@ -302,9 +302,11 @@ impl Hysteresis {
     }
 }
 
-/// The rate at which a group charges new pages, from a cumulative counter (v1 memory.stat
-/// `total_pgpgin`), smoothed so that it rises at once and decays over [`ChargeRate::DECAY_S`]:
-/// a burst must be met at once, a lull should not shrink the headroom between two bursts.
+/// The rate at which a group uses up its headroom, from a cumulative counter (the reclaim
+/// worker feeds its usage plus the pages it reclaimed: the charges net of what the group
+/// freed itself; v1 `total_pgpgin` counts charge events, a large folio as one, and no
+/// frees), smoothed so that it rises at once and decays over [`ChargeRate::DECAY_S`]: a
+/// burst must be met at once, a lull should not shrink the headroom between two bursts.
 ///
 /// A sample is taken over at least [`ChargeRate::WINDOW_S`]: the worker wakes every few ms,
 /// and a rate from 2 ms (one readahead batch of a few workers) held at its peak read
@@ -408,6 +410,27 @@ pub fn safe_reclaim_pages(want: u64, m: GroupMemory, margin: u64, min_step: u64)
         0
     } else {
         step
+    }
+}
+
+impl GroupMemory {
+    /// This memory carried forward from its last reading to a newer usage, without reading
+    /// the composition again: whatever usage grew by may all be unreclaimable, and the
+    /// reclaimable memory never grows. The estimate's unreclaimable memory is never below the
+    /// truth while the group only charges; what it cannot see is memory charged in place of
+    /// cache freed meanwhile (by the caller's reclaim), so a caller whose step frees less
+    /// than it asked reads the composition again before the next.
+    pub fn carried_to(self, usage: u64) -> GroupMemory {
+        let grown = usage.saturating_sub(self.usage);
+        let unreclaimable = self.unreclaimable.saturating_add(grown).min(usage);
+        GroupMemory { usage, reclaimable: self.reclaimable.min(usage - unreclaimable), unreclaimable }
+    }
+
+    /// Whether a step of `want` pages comes near enough to the unreclaimable floor (within a
+    /// quarter of the usage) that the composition must be read afresh before it, however
+    /// recent the last reading.
+    pub fn near_floor(&self, want: u64) -> bool {
+        want > 0 && self.usage.saturating_sub(self.unreclaimable).saturating_sub(want) < self.usage / 4
     }
 }
 
@@ -628,7 +651,39 @@ mod tests {
         assert_eq!(safe_reclaim_pages(500, anon_only, 16, 1), 0);
     }
 
+    #[test]
+    fn a_carried_estimate_counts_new_charges_as_unreclaimable() {
+        let read = GroupMemory { usage: 20_000, reclaimable: 18_000, unreclaimable: 1_000 };
+        // 500 pages charged since: they may be anonymous.
+        let e = read.carried_to(20_500);
+        assert_eq!(e, GroupMemory { usage: 20_500, reclaimable: 18_000, unreclaimable: 1_500 });
+        // Usage fell: nothing new counts, and what is reclaimable shrinks with it.
+        let e = read.carried_to(15_000);
+        assert_eq!(e, GroupMemory { usage: 15_000, reclaimable: 14_000, unreclaimable: 1_000 });
+        assert!(!e.near_floor(4_000));
+        assert!(e.near_floor(11_000), "3,000 of 14,000 reclaimable pages left is less than a quarter of the usage");
+        assert!(!e.near_floor(0), "no step, no reading");
+        // Grown past everything: all of it may be unreclaimable.
+        assert_eq!(read.carried_to(60_000), GroupMemory { usage: 60_000, reclaimable: 18_000, unreclaimable: 41_000 });
+    }
+
     proptest! {
+        #[test]
+        fn a_carried_estimate_never_lets_a_step_cut_into_new_anonymous_memory(
+            cache in 0u64..1 << 20, anon in 0u64..1 << 20, other in 0u64..1 << 16,
+            anon_more in 0u64..1 << 20, cache_more in 0u64..1 << 20, want in 0u64..1 << 21, margin in 0u64..1 << 12) {
+            // Read: cache, anon and something neither (mapped file, kmem). Since: the group
+            // charged `anon_more` anonymous pages and `cache_more` of cache.
+            let read = GroupMemory { usage: cache + anon + other, reclaimable: cache, unreclaimable: anon };
+            let usage = read.usage + anon_more + cache_more;
+            let truth = anon + anon_more;
+            let e = read.carried_to(usage);
+            prop_assert!(e.unreclaimable >= truth, "{e:?} vs {truth}");
+            prop_assert!(e.reclaimable + e.unreclaimable <= e.usage && e.reclaimable <= cache);
+            let n = safe_reclaim_pages(want, e, margin, 1);
+            prop_assert!(n == 0 || usage - n >= truth + margin);
+        }
+
         #[test]
         fn any_thresholds_are_refused_or_ordered(kb in any::<u64>(), low in any::<u32>(), high in any::<u32>(),
                                                  managed in any::<u64>(), more in any::<u64>()) {
