@@ -36,6 +36,18 @@ impl Layout {
         mine * self.max_set
     }
 
+    /// Whether page `first + count` lies on the same home as pages `[first, first + count)`,
+    /// just after them in that home's region: a READ of the run may take it too (read-ahead
+    /// units gathered into one READ; within a block always, across blocks with one server).
+    pub fn continues_on_home(&self, first: usize, count: usize) -> bool {
+        let next = first + count;
+        if count == 0 || next >= self.pages {
+            return false;
+        }
+        let (s, sp) = self.home(first);
+        self.home(next) == (s, sp + count)
+    }
+
     /// The unit holding `page` at set count `set`: (first page, page count).
     pub fn unit(&self, page: usize, set: usize) -> (usize, usize) {
         let first = page & !(set - 1);
@@ -83,6 +95,50 @@ mod tests {
                 }
             }
         }
+    }
+
+    proptest! {
+        /// Units joined while each continues the run at its home (`continues_on_home`, as
+        /// read-ahead groups them into one READ) are one contiguous range of one server's
+        /// pages; with one server every run continues up to the allocation's end.
+        #[test]
+        fn runs_continued_on_their_home_stay_one_contiguous_range(
+            blocks in 1usize..40,
+            servers in 1usize..4,
+            shift in 0u32..4,
+            start in 0usize..320,
+            units in 1usize..16,
+        ) {
+            let l = Layout::new(blocks * 8 * 4096, 4096, 8, servers);
+            let set = 1usize << shift;
+            prop_assume!(start < l.pages);
+            let (first, mut count) = l.unit(start, set);
+            for _ in 1..units {
+                let joins = l.continues_on_home(first, count);
+                if servers == 1 {
+                    prop_assert_eq!(joins, first + count < l.pages);
+                }
+                if !joins {
+                    break;
+                }
+                count += l.unit(first + count, set).1;
+            }
+            let (s, sp) = l.home(first);
+            for i in 0..count {
+                prop_assert_eq!(l.home(first + i), (s, sp + i));
+            }
+        }
+    }
+
+    #[test]
+    fn runs_go_on_across_blocks_only_on_one_server() {
+        let one = Layout::new(4 * 8 * 4096, 4096, 8, 1);
+        assert!(one.continues_on_home(0, 8) && one.continues_on_home(8, 16));
+        assert!(!one.continues_on_home(24, 8), "nothing after the last page");
+        let two = Layout::new(4 * 8 * 4096, 4096, 8, 2);
+        assert!(two.continues_on_home(0, 4), "inside block 0");
+        assert!(!two.continues_on_home(0, 8), "block 1 lives on the other server");
+        assert!(!two.continues_on_home(3, 0), "an empty run continues nothing");
     }
 
     #[test]

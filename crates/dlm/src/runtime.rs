@@ -248,11 +248,13 @@ pub struct Stats {
     pub fetched_units: u64,
     pub fetched_bytes: u64,
     pub readahead_units: u64,
+    /// READs that carried several read-ahead units (`Inner::request_ahead`).
+    pub grouped_reads: u64,
     /// Read-ahead units installed before the program reached them, their reply having
     /// arrived whole when a fault was served (`Inner::complete_arrived`): no fault of their own.
     pub arrived_installs: u64,
-    /// Units moved into the program's view together with the unit before them, one move and
-    /// one write-protect for both (`MoveIns`).
+    /// Units moved into the program's view together with the unit before them, one move (and
+    /// one write-protect) for both (`MoveIns`).
     pub joined_move_ins: u64,
     /// Units installed as zeros because they were never written back.
     pub zero_units: u64,

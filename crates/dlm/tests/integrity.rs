@@ -182,6 +182,7 @@ fn scenario_single_thread(mode: FaultMode) {
     assert!(st.arrived_installs > 0, "replies that arrived whole are installed ahead: {st:?}");
     assert!(st.moved_units > 0 && st.writebacks > 0 && st.reference_faults > 0, "{st:?}");
     assert!(st.borrowed_receives > 0, "the final sequential check receives into borrowed frames: {st:?}");
+    assert!(st.grouped_reads > 0, "read-ahead units share READs, installed a unit at a time: {st:?}");
     if mode == FaultMode::Sigbus {
         assert!(st.view_receives > 0, "demand faults receive into the program's view: {st:?}");
     }

@@ -190,6 +190,7 @@ impl Inner {
         if ra < 4 || ahead * 2 < ra {
             // Room for the whole batch at once: its victims are dropped together.
             self.make_room(st, (ra - ahead) * set * b);
+            let mut group = None;
             for _ in ahead..ra {
                 if next >= layout.pages {
                     break;
@@ -197,10 +198,11 @@ impl Inner {
                 let (f, c) = layout.unit(next, set);
                 let a = st.areas[ai].as_ref().expect("present");
                 if a.slot[f..f + c].contains(&NONE) {
-                    self.request(st, ai, f, c, true, None);
+                    self.request_ahead(st, ai, f, c, &mut group);
                 }
                 next = f + c;
             }
+            self.request_group(st, &mut group);
             for s in 0..st.conns.len() {
                 st.flush(s, a_addr + first * b, count * b);
             }

@@ -40,21 +40,26 @@ impl Frames {
         self.bytes
     }
 
-    /// Keep `[addr, addr + len)`; false when there is no room for another run (the caller
-    /// frees the pages instead). Joins the newest run when adjacent to it on either side (a
-    /// stream's units are evicted in address order, rising or falling).
+    /// Keep `[addr, addr + len)`, as the newest run; false when there is no room for another
+    /// run (the caller frees the pages instead). Joins every run it is adjacent to, on either
+    /// side: a stream's units are evicted in address order, rising or falling, but the CLOCK
+    /// hand meets a batch of them in the reverse of their order (the slots they took were
+    /// freed last first), so the run of one batch is begun apart from the last batch's and
+    /// meets it only at its last unit. Joined, the runs are one, and a READ of several units
+    /// borrows them whole (`Inner::receive_target`). Runs never join across two areas: each
+    /// shadow ends in an inaccessible guard page (`area.rs`).
     pub(super) fn push(&mut self, addr: usize, len: usize) -> bool {
-        if let Some(last) = self.runs.last_mut() {
-            if last.0 + last.1 == addr || addr + len == last.0 {
-                *last = (last.0.min(addr), last.1 + len);
-                self.bytes += len;
-                return true;
-            }
-        }
-        if self.runs.len() == self.runs.capacity() {
-            return false;
-        }
-        self.runs.push((addr, len));
+        let end = addr + len;
+        let below = self.runs.iter().rposition(|r| r.0 + r.1 == addr).map(|i| self.runs.remove(i));
+        let above = self.runs.iter().rposition(|r| r.0 == end).map(|i| self.runs.remove(i));
+        let run = match (below, above) {
+            (None, None) if self.runs.len() == self.runs.capacity() => return false,
+            (None, None) => (addr, len),
+            (Some(b), None) => (b.0, b.1 + len),
+            (None, Some(a)) => (addr, len + a.1),
+            (Some(b), Some(a)) => (b.0, b.1 + len + a.1),
+        };
+        self.runs.push(run);
         self.bytes += len;
         true
     }
@@ -179,6 +184,20 @@ mod tests {
         assert_eq!(f.take_head(0x1000), Some(0x3000));
         assert_eq!(f.take_head(0x2000), None, "only 0x1000 left");
         assert_eq!(f.take_head(0x1000), Some(0x4000));
+        assert_eq!(f.bytes(), 0);
+    }
+
+    #[test]
+    fn a_range_between_two_runs_joins_them_into_the_newest() {
+        let mut f = Frames::with_capacity(3);
+        assert!(f.push(0x1000, 0x2000));
+        assert!(f.push(0x8000, 0x1000), "apart from the first");
+        assert!(f.push(0x6000, 0x1000), "apart from both");
+        assert!(f.push(0x7000, 0x1000), "joins the second and the third");
+        assert_eq!(f.runs, vec![(0x1000, 0x2000), (0x6000, 0x3000)]);
+        assert!(f.push(0x3000, 0x3000), "joins both runs left");
+        assert_eq!(f.runs, vec![(0x1000, 0x8000)]);
+        assert_eq!(f.take_head(0x8000), Some(0x1000));
         assert_eq!(f.bytes(), 0);
     }
 

@@ -107,10 +107,10 @@ impl Inner {
     }
 
     /// Map the shadow's `[src, src + len)` at `[dst, dst + len)` in the program's view, clean
-    /// unless `dirty`, by [`Inner::clean_move`]: moved and write-protected (gathered with its
-    /// neighbours while a fault takes its replies, `MoveIns`); hashed from the shadow, then
-    /// moved and left writable (the hash is returned: a store made after the move shows at
-    /// eviction); or copied (UFFDIO_COPY mode WP) and the shadow frames kept.
+    /// unless `dirty`, by [`Inner::clean_move`]: moved and write-protected; hashed from the
+    /// shadow, then moved and left writable (the hash is returned: a store made after the move
+    /// shows at eviction); or copied (UFFDIO_COPY mode WP) and the shadow frames kept. Moves
+    /// are gathered with their neighbours while replies are taken (`MoveIns`).
     pub(super) fn move_in(
         &self,
         st: &mut State,
@@ -135,41 +135,49 @@ impl Inner {
                 return None;
             }
             CleanMove::Hashed => {
-                st.stats.moved_units += 1;
                 st.stats.hashed_installs += 1;
                 // SAFETY: the shadow range is populated and readable, and only the runtime
                 // (holding its lock) can reach it.
                 let h = unsafe { content_hash(self.hash_seed, src, len) };
-                self.move_in_now(dst, src, len, true);
-                return Some(h);
+                self.gather_move_in(st, ai, dst, src, len, true);
+                Some(h)
             }
-            CleanMove::ThenProtect => {}
+            CleanMove::ThenProtect => {
+                self.gather_move_in(st, ai, dst, src, len, dirty);
+                None
+            }
         }
+    }
+
+    /// Move `[src, src + len)` of the shadow to `[dst, dst + len)` of area `ai`'s view,
+    /// write-protected unless `writable`: now, or joined to the moves gathered (`MoveIns`).
+    fn gather_move_in(&self, st: &mut State, ai: usize, dst: usize, src: usize, len: usize, writable: bool) {
         st.stats.moved_units += 1;
-        if dirty || !st.move_ins.gathering {
-            self.move_in_now(dst, src, len, dirty);
-            return None;
+        if !st.move_ins.gathering {
+            self.move_in_now(dst, src, len, writable);
+            return;
         }
-        if st.move_ins.joins(ai, dst, src) {
+        if st.move_ins.joins(ai, dst, src, writable) {
             st.stats.joined_move_ins += 1;
-        } else if let Some((d, s, l)) = st.move_ins.take() {
-            self.move_in_now(d, s, l, false);
+        } else if let Some((d, s, l, w)) = st.move_ins.take() {
+            self.move_in_now(d, s, l, w);
         }
-        st.move_ins.add(ai, dst, src, len);
-        None
+        st.move_ins.add(ai, dst, src, len, writable);
     }
 
     /// Move pages in from the shadow, write-protect them unless `writable`, and wake whoever
-    /// waits on them.
+    /// waits on them: nobody under SIGBUS, where a fault raises the signal at once instead of
+    /// waiting (fs/userfaultfd.c, `handle_userfault`), so no wake-up call is made there.
     pub(super) fn move_in_now(&self, dst: usize, src: usize, len: usize, writable: bool) {
         let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
+        let waiters = self.mode != FaultMode::Sigbus;
         let r = if writable {
-            uffd.move_pages(dst, src, len, true, false)
+            uffd.move_pages(dst, src, len, waiters, false)
         } else {
             uffd.move_pages(dst, src, len, false, false)
                 // Protecting never wakes (fs/userfaultfd.c wakes only on un-protecting).
                 .and_then(|()| uffd.write_protect(dst, len, true, true))
-                .and_then(|()| uffd.wake(dst, len))
+                .and_then(|()| if waiters { uffd.wake(dst, len) } else { Ok(()) })
         };
         if let Err(err) = r {
             crate::fatal(format_args!(
@@ -183,8 +191,8 @@ impl Inner {
 
     /// Install the units gathered since [`MoveIns::gather`], and stop gathering.
     pub(super) fn move_in_gathered(&self, st: &mut State) {
-        if let Some((d, s, l)) = st.move_ins.finish() {
-            self.move_in_now(d, s, l, false);
+        if let Some((d, s, l, w)) = st.move_ins.finish() {
+            self.move_in_now(d, s, l, w);
         }
     }
 
@@ -198,6 +206,76 @@ impl Inner {
         ai: usize,
         first: usize,
         count: usize,
+        readahead: bool,
+        open: Option<usize>,
+    ) {
+        self.request_units(st, ai, first, count, count, readahead, open);
+    }
+
+    /// Request read-ahead unit `[first, first + count)` of area `ai` as [`Inner::request`]
+    /// does, or add it to `group`: adjacent units, wholly missing and at consecutive pages of
+    /// one home, leave as one READ of up to `GROUP_MAX` bytes (`Group` says why). Requests
+    /// keep their address order; [`Inner::request_group`] sends the last group.
+    pub(super) fn request_ahead(
+        &self,
+        st: &mut State,
+        ai: usize,
+        first: usize,
+        count: usize,
+        group: &mut Option<Group>,
+    ) {
+        let b = self.cfg.base_page;
+        if self.groups_reads(st, ai, count) {
+            let a = st.areas[ai].as_ref().expect("live");
+            let pages = first..first + count;
+            let whole = a.slot[pages.clone()].iter().all(|&s| s == NONE) && a.home_written[pages].contains(&true);
+            if whole {
+                if let Some(g) = group.as_mut().filter(|g| g.joins(ai, first, count, &a.layout, GROUP_MAX / b)) {
+                    g.count += count;
+                    return;
+                }
+                self.request_group(st, group);
+                *group = Some(Group { area: ai, first, count, unit: count });
+                return;
+            }
+        }
+        self.request_group(st, group);
+        self.request(st, ai, first, count, true, None);
+    }
+
+    /// Request the units gathered in `group`, if any, with one READ.
+    pub(super) fn request_group(&self, st: &mut State, group: &mut Option<Group>) {
+        if let Some(g) = group.take() {
+            if g.count > g.unit {
+                st.stats.grouped_reads += 1;
+            }
+            self.request_units(st, g.area, g.first, g.count, g.unit, true, None);
+        }
+    }
+
+    /// Whether read-ahead units of `count` pages of area `ai` may share a READ: where units
+    /// of that size leave their frames in the shadow when evicted (`keeps_frames`), so that a
+    /// group's reply is received into kept frames and moved in with one move (and one
+    /// write-protect) for all its units — a group shorter than `MOVE_MIN` is still copied in
+    /// a unit at a time (`reply_target`). Not with redundancy, whose pieces are placed a block
+    /// at a time, nor zero-copy.
+    fn groups_reads(&self, st: &mut State, ai: usize, count: usize) -> bool {
+        !self.zero_copy
+            && !self.cfg.redundancy.is_redundant()
+            && st.areas[ai].as_ref().is_some_and(|a| a.shadow.is_some())
+            && self.keeps_frames(st, count * self.cfg.base_page)
+    }
+
+    /// [`Inner::request`] of `count` pages that are units of `unit` pages each: one CLOCK
+    /// entry per unit when installed.
+    #[allow(clippy::too_many_arguments)]
+    fn request_units(
+        &self,
+        st: &mut State,
+        ai: usize,
+        first: usize,
+        count: usize,
+        unit: usize,
         readahead: bool,
         open: Option<usize>,
     ) {
@@ -230,8 +308,8 @@ impl Inner {
         st.resident += missing * b;
         st.stats.peak_resident_bytes = st.stats.peak_resident_bytes.max(st.resident);
         if !needs_home {
-            st.stats.zero_units += 1;
-            self.install(st, ai, first, count, Fill::Zeros, open);
+            st.stats.zero_units += (count / unit) as u64;
+            self.install(st, ai, first, count, unit, Fill::Zeros, open);
             return;
         }
         let (srv, spage) = a.layout.home(first);
@@ -249,9 +327,9 @@ impl Inner {
         // received into made to exist. Nothing in between takes a reply, so the entry still
         // joins the queue in the order the request left.
         let into = self.reply_target(st, ai, first, count, missing, readahead);
-        st.conns[srv].pending.push_back(Pending::Read { area: ai as u32, first, count, into, sent, open });
+        st.conns[srv].pending.push_back(Pending::Read { area: ai as u32, first, count, unit, into, sent, open });
         if readahead {
-            st.stats.readahead_units += 1;
+            st.stats.readahead_units += (count / unit) as u64;
         }
     }
 
@@ -358,18 +436,28 @@ impl Inner {
         }
     }
 
-    /// Install the in-flight pages of a unit, write-protected — except the run holding page
-    /// `open`, the page of a known write (`request`), which is installed writable and dirty.
+    /// Install the in-flight pages of `[first, first + count)`, units of `unit` pages each,
+    /// write-protected — except the run holding page `open`, the page of a known write
+    /// (`request`), which is installed writable and dirty. Each run of in-flight pages within
+    /// a unit becomes one CLOCK entry; units moved in from the shadow are moved together.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn install(
         &self,
         st: &mut State,
         ai: usize,
         first: usize,
         count: usize,
+        unit: usize,
         data: Fill<'_>,
         open: Option<usize>,
     ) {
         let b = self.cfg.base_page;
+        // Gathered here unless the caller gathers (`Inner::serve`): a READ of several units
+        // is then moved in with one call too.
+        let gather_here = !st.move_ins.gathering;
+        if gather_here {
+            st.move_ins.gather();
+        }
         let mut p = first;
         while p < first + count {
             if st.areas[ai].as_ref().expect("live").slot[p] != INFLIGHT {
@@ -377,7 +465,11 @@ impl Inner {
                 continue;
             }
             let run_start = p;
-            while p < first + count && st.areas[ai].as_ref().expect("live").slot[p] == INFLIGHT {
+            p += 1;
+            while p < first + count
+                && (p - first) % unit != 0
+                && st.areas[ai].as_ref().expect("live").slot[p] == INFLIGHT
+            {
                 p += 1;
             }
             let n = p - run_start;
@@ -444,6 +536,41 @@ impl Inner {
             let a = st.areas[ai].as_mut().expect("live");
             a.slot[run_start..p].iter_mut().for_each(|s| *s = slot as u32);
         }
+        if gather_here {
+            self.move_in_gathered(st);
+        }
+    }
+}
+
+/// Largest READ of several read-ahead units ([`Inner::request_ahead`]). One READ per unit cost
+/// a stream of 128 KiB units a request and a reply header each, and a move and a
+/// write-protect of 32 pages each, which this VM's kernel flushes from the TLB page by page
+/// (`Run` in `evict.rs`); units sharing a READ are received into adjacent frames and moved
+/// in and protected with one call each, beyond the single-page flush ceiling. A demand fault
+/// on a unit of a group waits for the whole group, and the read-ahead window holds fewer
+/// groups the larger they are: `examples/dlm_stream` at 128 KiB units and a window of 32
+/// (the stream of `pagewise eval dlm-fault`) ran at 2.4 GB/s with a READ per unit, 3.1 with
+/// groups of 256 KiB, 3.6-4.0 with 512 KiB, 3.5-3.8 with 768 KiB and 1 MiB, and 2.8-3.1
+/// with 2 MiB (medians of 5 passes, three or two runs each, interleaved).
+const GROUP_MAX: usize = 512 << 10;
+
+/// Read-ahead units gathered into one READ ([`Inner::request_ahead`]).
+pub(super) struct Group {
+    area: usize,
+    first: usize,
+    count: usize,
+    unit: usize,
+}
+
+impl Group {
+    /// Whether unit `[first, first + count)` of area `area` continues the group: the next unit
+    /// of the same size, at the next pages of the same home, within `max_pages`.
+    fn joins(&self, area: usize, first: usize, count: usize, layout: &crate::layout::Layout, max_pages: usize) -> bool {
+        self.area == area
+            && self.unit == count
+            && self.first + self.count == first
+            && self.count + count <= max_pages
+            && layout.continues_on_home(self.first, self.count)
     }
 }
 
@@ -482,12 +609,14 @@ pub(super) fn overlaps(ranges: &[(usize, usize)], addr: usize, len: usize) -> bo
     ranges.iter().any(|&(a, l)| a < addr + len && addr < a + l)
 }
 
-/// Clean units moved from the shadow into the program's view, gathered while adjacent in both
-/// and in one area (two areas' views may be adjacent yet two mappings, which one UFFDIO_MOVE
-/// refuses), so that a stream's replies taken together are moved in and write-protected with
-/// one system call each, and one TLB flush ([`Run`] says why that pays). Only between `gather` and
-/// `finish`, which `Inner::serve` brackets around taking replies; nothing in between reads
-/// the gathered ranges of the view or the shadow.
+/// Units moved from the shadow into the program's view, gathered while adjacent in both, in
+/// one area (two areas' views may be adjacent yet two mappings, which one UFFDIO_MOVE
+/// refuses) and to be left alike (write-protected, or writable: hashed or dirty), so that a
+/// stream's replies taken together — and the units of one READ — are moved in (and
+/// write-protected) with one system call each, and one TLB flush ([`Run`] says why that
+/// pays). Only between `gather` and `finish`, which `Inner::serve` brackets around taking
+/// replies and `Inner::install` around installing one; nothing in between reads the gathered
+/// ranges of the view or the shadow.
 #[derive(Default)]
 pub(crate) struct MoveIns {
     pub(super) gathering: bool,
@@ -495,6 +624,7 @@ pub(crate) struct MoveIns {
     dst: usize,
     src: usize,
     len: usize,
+    writable: bool,
 }
 
 impl MoveIns {
@@ -503,32 +633,36 @@ impl MoveIns {
         self.gathering = true;
     }
 
-    /// Whether pages of area `area` moving from `src` to `dst` continue the range gathered so
-    /// far.
-    pub(super) fn joins(&self, area: usize, dst: usize, src: usize) -> bool {
-        self.len > 0 && self.area == area && self.dst + self.len == dst && self.src + self.len == src
+    /// Whether pages of area `area` moving from `src` to `dst`, to be left `writable` or not,
+    /// continue the range gathered so far.
+    pub(super) fn joins(&self, area: usize, dst: usize, src: usize, writable: bool) -> bool {
+        self.len > 0
+            && self.area == area
+            && self.writable == writable
+            && self.dst + self.len == dst
+            && self.src + self.len == src
     }
 
     /// Gather `[src, src + len)` moving to `[dst, dst + len)`: joined to the range gathered
     /// so far, or a new range if that is empty (the caller [`MoveIns::take`]s it first).
-    pub(super) fn add(&mut self, area: usize, dst: usize, src: usize, len: usize) {
-        if self.joins(area, dst, src) {
+    pub(super) fn add(&mut self, area: usize, dst: usize, src: usize, len: usize, writable: bool) {
+        if self.joins(area, dst, src, writable) {
             self.len += len;
         } else {
             debug_assert!(self.len == 0, "a range that does not join is taken first");
-            (self.area, self.dst, self.src, self.len) = (area, dst, src, len);
+            (self.area, self.dst, self.src, self.len, self.writable) = (area, dst, src, len, writable);
         }
     }
 
-    /// The range gathered, to be moved in now; gathering goes on.
-    pub(super) fn take(&mut self) -> Option<(usize, usize, usize)> {
-        let r = (self.len > 0).then_some((self.dst, self.src, self.len));
+    /// The range gathered `(dst, src, len, writable)`, to be moved in now; gathering goes on.
+    pub(super) fn take(&mut self) -> Option<(usize, usize, usize, bool)> {
+        let r = (self.len > 0).then_some((self.dst, self.src, self.len, self.writable));
         self.len = 0;
         r
     }
 
     /// Stop gathering; the range gathered, to be moved in now.
-    pub(super) fn finish(&mut self) -> Option<(usize, usize, usize)> {
+    pub(super) fn finish(&mut self) -> Option<(usize, usize, usize, bool)> {
         self.gathering = false;
         self.take()
     }
@@ -556,16 +690,17 @@ mod tests {
     pub(super) fn move_ins_join_only_ranges_adjacent_in_both_mappings() {
         let mut m = MoveIns::default();
         m.gather();
-        assert!(!m.joins(0, 0x10000, 0x90000), "nothing gathered yet");
-        m.add(0, 0x10000, 0x90000, 0x1000);
-        assert!(m.joins(0, 0x11000, 0x91000));
-        assert!(!m.joins(1, 0x11000, 0x91000), "adjacent in both, but another area's view");
-        m.add(0, 0x11000, 0x91000, 0x2000);
-        assert!(!m.joins(0, 0x13000, 0x95000), "adjacent in the view, not in the shadow");
-        assert!(!m.joins(0, 0x14000, 0x93000), "adjacent in the shadow, not in the view");
-        assert_eq!(m.take(), Some((0x10000, 0x90000, 0x3000)));
-        m.add(0, 0x13000, 0x95000, 0x1000);
-        assert_eq!(m.finish(), Some((0x13000, 0x95000, 0x1000)));
+        assert!(!m.joins(0, 0x10000, 0x90000, false), "nothing gathered yet");
+        m.add(0, 0x10000, 0x90000, 0x1000, false);
+        assert!(m.joins(0, 0x11000, 0x91000, false));
+        assert!(!m.joins(1, 0x11000, 0x91000, false), "adjacent in both, but another area's view");
+        assert!(!m.joins(0, 0x11000, 0x91000, true), "adjacent in both, but to be left writable");
+        m.add(0, 0x11000, 0x91000, 0x2000, false);
+        assert!(!m.joins(0, 0x13000, 0x95000, false), "adjacent in the view, not in the shadow");
+        assert!(!m.joins(0, 0x14000, 0x93000, false), "adjacent in the shadow, not in the view");
+        assert_eq!(m.take(), Some((0x10000, 0x90000, 0x3000, false)));
+        m.add(0, 0x13000, 0x95000, 0x1000, true);
+        assert_eq!(m.finish(), Some((0x13000, 0x95000, 0x1000, true)));
         assert!(!m.gathering);
         assert_eq!(m.finish(), None);
     }

@@ -162,18 +162,20 @@ impl Dlm {
         self.inner.check_owner()?;
         let set = st.set_count as usize;
         let mut budget = self.inner.cfg.local_mem / 4;
+        let mut group = None;
         for (ai, p0, p1) in overlapping(&st, b, addr, end, Round::Out) {
             let layout = st.areas[ai].as_ref().expect("live").layout;
             let mut p = p0;
             while p < p1 && budget >= set * b {
                 let (first, count) = layout.unit(p, set);
                 if st.areas[ai].as_ref().expect("live").slot[first..first + count].contains(&NONE) {
-                    self.inner.request(&mut st, ai, first, count, true, None);
+                    self.inner.request_ahead(&mut st, ai, first, count, &mut group);
                     budget -= set * b;
                 }
                 p = first + count;
             }
         }
+        self.inner.request_group(&mut st, &mut group);
         for s in 0..st.conns.len() {
             st.flush(s, addr, len);
         }

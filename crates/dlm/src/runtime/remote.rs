@@ -11,10 +11,13 @@ use crate::DlmError;
 
 pub(super) enum Pending {
     /// `open`: the page of a known write the unit was requested for (`Inner::request`).
+    /// `unit`: pages per unit; `count` is a multiple of it (several read-ahead units in one
+    /// READ, `Inner::request_ahead`), and each unit is installed as one CLOCK entry.
     Read {
         area: u32,
         first: usize,
         count: usize,
+        unit: usize,
         into: ReplyInto,
         sent: Sent,
         open: Option<usize>,
@@ -134,15 +137,15 @@ impl Inner {
     pub(super) fn complete_one(&self, st: &mut State, srv: usize) -> bool {
         let Some(p) = st.conns[srv].pending.pop_front() else { return false };
         let b = self.cfg.base_page;
-        let (ai, first, count, op, into, sent, open) = match p {
-            Pending::Read { area, first, count, into, sent, open } => {
-                (area as usize, first, count, Opcode::Read, into, sent, open)
+        let (ai, first, count, unit, op, into, sent, open) = match p {
+            Pending::Read { area, first, count, unit, into, sent, open } => {
+                (area as usize, first, count, unit, Opcode::Read, into, sent, open)
             }
             Pending::Write { area, first, count, sent } => {
-                (area as usize, first, count, Opcode::Write, ReplyInto::Buffer, sent, None)
+                (area as usize, first, count, count, Opcode::Write, ReplyInto::Buffer, sent, None)
             }
             Pending::Discard { area, first, count, sent } => {
-                (area as usize, first, count, Opcode::Discard, ReplyInto::Buffer, sent, None)
+                (area as usize, first, count, count, Opcode::Discard, ReplyInto::Buffer, sent, None)
             }
         };
         let is_read = op == Opcode::Read;
@@ -225,27 +228,32 @@ impl Inner {
             if let Err(e) = st.conns[srv].t.recv_payload(dst) {
                 st.fail(srv, &format_args!("connection lost: {e}"), start, count * b);
             }
-            st.stats.fetched_units += 1;
+            st.stats.fetched_units += (count / unit) as u64;
             st.stats.fetched_bytes += (count * b) as u64;
             // Installing moves the pages away from `at`: its place is free again.
             st.borrowed.retain(|&(a, _)| a != at);
-            self.install(st, ai, first, count, fill, open);
+            self.install(st, ai, first, count, unit, fill, open);
             return true;
         }
+        // Into the buffer (one block long) a unit at a time: a READ of several units is
+        // longer than the buffer.
         let mut buf = std::mem::take(&mut st.buf);
-        if let Err(e) = st.conns[srv].t.recv_payload(&mut buf[..count * b]) {
-            st.fail(srv, &format_args!("connection lost: {e}"), start, count * b);
+        for u in (first..first + count).step_by(unit) {
+            if let Err(e) = st.conns[srv].t.recv_payload(&mut buf[..unit * b]) {
+                st.fail(srv, &format_args!("connection lost: {e}"), start, count * b);
+            }
+            st.stats.fetched_units += 1;
+            st.stats.fetched_bytes += (unit * b) as u64;
+            self.install(st, ai, u, unit, unit, Fill::Data(&buf[..unit * b]), open);
         }
-        st.stats.fetched_units += 1;
-        st.stats.fetched_bytes += (count * b) as u64;
-        self.install(st, ai, first, count, Fill::Data(&buf[..count * b]), open);
         st.buf = buf;
         true
     }
 }
 
-/// Replies [`Inner::complete_arrived`] takes at most in one go: bounds the work one fault does
-/// for units ahead of the program (16 units of 128 KiB: 2 MiB to receive, a few hundred µs).
+/// Units [`Inner::complete_arrived`] takes at most in one go (the reply that reaches it is
+/// taken whole): bounds the work one fault does for units ahead of the program (16 units of
+/// 128 KiB: 2 MiB to receive, a few hundred µs).
 const ARRIVED_MAX: usize = 16;
 
 impl Inner {
@@ -258,8 +266,9 @@ impl Inner {
         let mut last = None;
         // Asked once, and again only when what was there runs out: one ioctl per batch.
         let mut there = 0;
-        for _ in 0..ARRIVED_MAX {
-            let Some(&Pending::Read { area, first, count, .. }) = st.conns[srv].pending.front() else { break };
+        let mut taken = 0;
+        while taken < ARRIVED_MAX {
+            let Some(&Pending::Read { area, first, count, unit, .. }) = st.conns[srv].pending.front() else { break };
             let whole = HEADER_LEN + count * b;
             if there < whole {
                 there = st.conns[srv].t.arrived();
@@ -269,12 +278,13 @@ impl Inner {
             }
             there -= whole;
             self.complete_one(st, srv);
-            st.stats.arrived_installs += 1;
-            // For the tuner, the unit counts as faulted on at its start, where the stream the
+            st.stats.arrived_installs += (count / unit) as u64;
+            taken += count / unit;
+            // For the tuner, each unit counts as faulted on at its start, where the stream the
             // read-ahead follows would have touched it first: it sees the same working set
             // whether a reply arrived before the program or after.
             if let Some(a) = st.areas[area as usize].as_mut() {
-                crate::measure::mark(&mut a.touched, first);
+                (first..first + count).step_by(unit).for_each(|u| crate::measure::mark(&mut a.touched, u));
             }
             last = Some((area as usize, first + count));
         }
