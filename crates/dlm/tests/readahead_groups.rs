@@ -64,7 +64,7 @@ fn stream(mode: FaultMode, base_page: usize, set: u32) {
     // every unit was evicted (written home if stored to), must see exactly those stores.
     for w in (0..AREA / 8).step_by(WORDS_PER_PAGE) {
         assert_eq!(read(base, w), value(w, 1), "word {w}, first pass");
-        if (w / WORDS_PER_PAGE) % 3 == 0 {
+        if (w / WORDS_PER_PAGE).is_multiple_of(3) {
             // SAFETY: inside the area; the runtime serves the fault.
             unsafe { base.add(w).write_volatile(value(w, 2)) };
         }
@@ -89,7 +89,7 @@ fn stream(mode: FaultMode, base_page: usize, set: u32) {
     let stored_units = if pages_per_unit >= 3 { AREA / (pages_per_unit * 4096) } else { AREA / 4096 / 3 + 1 };
     assert!(written as usize >= stored_units, "every unit stored to is written home: {written} of {stored_units}");
     for w in (0..AREA / 8).step_by(WORDS_PER_PAGE) {
-        let version = if (w / WORDS_PER_PAGE) % 3 == 0 { 2 } else { 1 };
+        let version = if (w / WORDS_PER_PAGE).is_multiple_of(3) { 2 } else { 1 };
         assert_eq!(read(base, w), value(w, version), "word {w}, second pass");
     }
     dlm.audit().unwrap();

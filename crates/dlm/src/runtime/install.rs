@@ -132,7 +132,7 @@ impl Inner {
                 if !self.keep_frames(st, src, len) {
                     free_frames(src, len);
                 }
-                return None;
+                None
             }
             CleanMove::Hashed => {
                 st.stats.hashed_installs += 1;
@@ -467,7 +467,7 @@ impl Inner {
             let run_start = p;
             p += 1;
             while p < first + count
-                && (p - first) % unit != 0
+                && !(p - first).is_multiple_of(unit)
                 && st.areas[ai].as_ref().expect("live").slot[p] == INFLIGHT
             {
                 p += 1;
