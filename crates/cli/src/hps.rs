@@ -48,12 +48,17 @@ enum Command {
         /// Promote a 2 MiB region when at least this fraction of its observed pages is hot.
         #[arg(long, default_value_t = 0.25)]
         promote_fraction: f64,
-        /// Most CPU time promotion may take, as a share of the program's run so far (after a
-        /// first 25 ms): a collapse costs 0.6–4 ms here, and a program that ends soon after
-        /// gets nothing back for it. 1 promotes as soon as a region is found hot. See
+        /// Most CPU time promotion may take, as a share of the program's run so far: a
+        /// collapse costs 0.6–5 ms here, and a program that ends soon after gets nothing back
+        /// for it. 1 promotes as soon as a region is found hot (after the ramp). See
         /// docs/hps.md.
         #[arg(long, value_name = "SHARE", default_value_t = 0.2)]
         pace: f64,
+        /// Seconds over which that share grows from none, as the program runs: a program that
+        /// ends within them loses at most a small part of the share (sort of 64 MiB, 0.7 s:
+        /// one collapse). 0: the whole share from the start.
+        #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+        pace_ramp: f64,
         /// Tracking period while there is work, in milliseconds.
         #[arg(long, default_value_t = 20)]
         interval_ms: u32,
@@ -87,6 +92,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             min_alloc,
             promote_fraction,
             pace,
+            pace_ramp,
             interval_ms,
             no_colocate,
             first_touch,
@@ -95,7 +101,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         } => {
             let first_touch = if no_first_touch { "never".to_string() } else { first_touch };
             let placement = Placement { colocate: !no_colocate, first_touch };
-            run_program(&min_alloc, promote_fraction, pace, interval_ms, placement, &program)
+            run_program(&min_alloc, promote_fraction, (pace, pace_ramp), interval_ms, placement, &program)
         }
         Command::Report { pid, active_only } => {
             anyhow::ensure!(pid > 0, "--pid must be a positive process id");
@@ -138,7 +144,7 @@ struct Placement {
 fn run_program(
     min_alloc: &str,
     promote_fraction: f64,
-    pace: f64,
+    (pace, pace_ramp): (f64, f64),
     interval_ms: u32,
     placement: Placement,
     program: &[String],
@@ -151,6 +157,7 @@ fn run_program(
     );
     anyhow::ensure!(interval_ms > 0, "--interval-ms must be positive");
     anyhow::ensure!(pace > 0.0 && pace <= 1.0, "--pace {pace} must be in (0, 1]");
+    anyhow::ensure!((0.0..=86_400.0).contains(&pace_ramp), "--pace-ramp {pace_ramp} must be 0 to 86400 seconds");
     crate::elf::ensure_preloadable(&program[0])?;
     let lib = crate::run::libpagewise()?;
     let shim = crate::run::EmbeddedFile::write(crate::run::SHIM, "libpagewise_preload.so")?;
@@ -173,6 +180,7 @@ fn run_program(
         .env("PAGEWISE_HPS_PROMOTE_FRACTION", promote_fraction.to_string())
         .env("PAGEWISE_HPS_INTERVAL_MS", interval_ms.to_string())
         .env("PAGEWISE_HPS_PACE", pace.to_string())
+        .env("PAGEWISE_HPS_PACE_RAMP_S", pace_ramp.to_string())
         .env("PAGEWISE_HPS_LOG", "1")
         .env("PAGEWISE_HPS_COLOCATE", if placement.colocate { "1" } else { "0" })
         .env("PAGEWISE_HPS_FIRST_TOUCH", &placement.first_touch)

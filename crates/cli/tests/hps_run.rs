@@ -190,6 +190,8 @@ fn bad_flags_are_refused() {
         &["--min-alloc", "lots"],
         &["--pace", "0"],
         &["--pace", "2"],
+        &["--pace-ramp", "-1"],
+        &["--pace-ramp", "1e9"],
         &["--first-touch", "sometimes"],
         &["--first-touch", "never", "--no-first-touch"],
     ] {

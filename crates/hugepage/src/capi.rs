@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::fill::FirstTouch;
 use crate::hps::{ActivePage, Hps, HpsConfig, Notify};
+use crate::pace::Pace;
 use crate::policy::{Decision, RegionRule, RegionView, TrackState};
 
 /// `struct hps_config`.
@@ -215,13 +216,13 @@ pub extern "C" fn hps_preload_start(promote_fraction: f64, interval_ms: u32) -> 
                 .ok()
                 .and_then(|v| FirstTouch::parse(&v))
                 .unwrap_or_default(),
-            pace: Some((
-                std::env::var("PAGEWISE_HPS_PACE")
-                    .ok()
-                    .and_then(|v| v.parse::<f64>().ok())
-                    .filter(|s| *s > 0.0 && *s <= 1.0)
-                    .unwrap_or(PRELOAD_PACE.0),
-                PRELOAD_PACE.1,
+            pace: Some(Pace::new(
+                env_number("PAGEWISE_HPS_PACE").filter(|s| *s > 0.0 && *s <= 1.0).unwrap_or(PRELOAD_PACE_SHARE),
+                PRELOAD_PACE_BURST.as_nanos() as u64,
+                env_number("PAGEWISE_HPS_PACE_RAMP_S")
+                    .filter(|s| (0.0..=86_400.0).contains(s))
+                    .map_or(PRELOAD_PACE_RAMP, Duration::from_secs_f64)
+                    .as_nanos() as u64,
             )),
             ..d
         };
@@ -246,12 +247,21 @@ pub extern "C" fn hps_preload_start(promote_fraction: f64, interval_ms: u32) -> 
 }
 
 /// How fast `pagewise hps run` promotes ([`crate::pace`]): collapses take at most 20% of a
-/// CPU over the program's run, after a first 25 ms (`--pace`). Measured on this VM kind from
-/// settled memory, each collapse after [`crate::promote::warm_hugepage`]: GNU sort of 64 MiB
-/// ran alike at 5%, 20% and unpaced (0.70 s, 0.71, 0.70; plain 0.65), while memcached's
-/// zipfian reads after its warm-up took 1.87 s at 5%, 1.73 at 20% and 1.74 unpaced (plain
-/// 1.92): promotion put off is tracking prolonged.
-const PRELOAD_PACE: (f64, std::time::Duration) = (0.2, std::time::Duration::from_millis(25));
+/// CPU over the program's run (`--pace`), a share reached after 10 s and growing to it from
+/// none (`--pace-ramp`), saved up to 25 ms at most. Measured on this VM kind from settled
+/// memory, each collapse after [`crate::promote::warm_hugepage`]: GNU sort of 64 MiB with its
+/// output read through a pipe ran 1.16× plain at a flat 20%, 1.10× at 5% and 1.04× at 2% (the
+/// reader wants the core the collapses run on); memcached's zipfian reads after its warm-up
+/// took 1.87 s at 5%, 1.73 at 20% and 1.74 unpaced (plain 1.92): promotion put off is
+/// tracking prolonged, and a server has run for seconds before its reads.
+const PRELOAD_PACE_SHARE: f64 = 0.2;
+const PRELOAD_PACE_BURST: Duration = Duration::from_millis(25);
+const PRELOAD_PACE_RAMP: Duration = Duration::from_secs(10);
+
+/// A number from the environment, if set and parsable.
+fn env_number(key: &str) -> Option<f64> {
+    std::env::var(key).ok().and_then(|v| v.parse::<f64>().ok())
+}
 
 /// Pages of a region `pagewise hps run` observes per period, and judges it on.
 const PRELOAD_SAMPLE_PAGES: usize = 16;

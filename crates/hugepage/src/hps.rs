@@ -82,10 +82,11 @@ pub struct HpsConfig {
     /// `pagewise hps run`), always or while hugepages are cheap. Needs a tmpfs of its own
     /// (CAP_SYS_ADMIN); without it, off.
     pub first_touch: FirstTouch,
-    /// Pace promotion to this share of wall time in collapse CPU time, with a burst
-    /// ([`crate::pace`]; `pagewise hps run`, whose program may end before a promotion pays).
-    /// None: promote as soon as the rule says (an application that embeds HPS runs on).
-    pub pace: Option<(f64, Duration)>,
+    /// Pace promotion to a share of wall time in collapse CPU time ([`crate::pace`];
+    /// `pagewise hps run`, whose program may end before a promotion pays), the pace at the
+    /// start of the run. None: promote as soon as the rule says (an application that embeds
+    /// HPS runs on).
+    pub pace: Option<Pace>,
 }
 
 impl Default for HpsConfig {
@@ -245,7 +246,7 @@ impl Hps {
         let notify = cfg.notify;
         let first_touch = cfg.first_touch;
         let conv = cfg.converge.map(Convergence::new);
-        let pace = cfg.pace.map(|(share, burst)| Pace::new(share, burst.as_nanos() as u64));
+        let pace = cfg.pace;
         // The runtime's threads besides the program's: the tracking thread, the service
         // thread (with Notify::Handler) and the tracker's handler thread.
         let own_threads = 2 + u32::from(notify == Notify::Handler);
