@@ -54,9 +54,9 @@ enum Command {
         /// docs/hps.md.
         #[arg(long, value_name = "SHARE", default_value_t = 0.2)]
         pace: f64,
-        /// Seconds over which that share grows from none, as the program runs: a program that
-        /// ends within them loses at most a small part of the share (sort of 64 MiB, 0.7 s:
-        /// one collapse). 0: the whole share from the start.
+        /// Seconds over which that share grows from none, as the program runs: with the
+        /// defaults, a program that ends after 1 s has given promotion at most 1% of a CPU
+        /// (and the collapse then running). 0: the whole share from the start.
         #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
         pace_ramp: f64,
         /// Tracking period while there is work, in milliseconds.
