@@ -73,9 +73,10 @@ enum Command {
         /// touches it, instead of 4 KiB pages collapsed later. `auto` gives them while a
         /// hugepage costs less than the 4 KiB pages it replaces (measured on the fill's first
         /// region: on a VM whose host takes free memory back it often does not), `always`
-        /// whatever they cost, `never` not at all. Needs a tmpfs of HPS's own (root); without
-        /// one HPS goes without. See docs/hps.md.
-        #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = ["auto", "always", "never"])]
+        /// whatever they cost, `never` (the default) not at all: under `auto` a hot region was
+        /// sometimes left in small pages, a fault not found yet. Needs a tmpfs of HPS's own
+        /// (root); without one HPS goes without. See docs/hps.md.
+        #[arg(long, value_name = "WHEN", default_value = "never", value_parser = ["auto", "always", "never"])]
         first_touch: String,
         /// The same as `--first-touch never`.
         #[arg(long, conflicts_with = "first_touch")]

@@ -191,6 +191,9 @@ struct Shared {
     tracking_thread: OnceLock<Thread>,
     /// Decisions made by decision steps (promotions, compacted pages, regions observed fully).
     decisions: AtomicU64,
+    /// Promotions put off to a later step (the pace, the backoff): work still to do, so
+    /// tracking has not converged while there are any.
+    deferrals: AtomicU64,
     promoted: AtomicU64,
     compacted: AtomicU64,
     collapse_failures: AtomicU64,
@@ -275,6 +278,7 @@ impl Hps {
             new_memory: AtomicBool::new(false),
             tracking_thread: OnceLock::new(),
             decisions: AtomicU64::new(0),
+            deferrals: AtomicU64::new(0),
             promoted: AtomicU64::new(0),
             compacted: AtomicU64::new(0),
             collapse_failures: AtomicU64::new(0),

@@ -188,6 +188,7 @@ pub(super) fn process(s: &Shared) -> Result<Outcome> {
         s.decisions.fetch_add(decided as u64, Ordering::Relaxed);
         s.wake();
     }
+    s.deferrals.fetch_add(u64::from(out.deferred), Ordering::Relaxed);
     Ok(out)
 }
 
@@ -261,7 +262,7 @@ fn try_promote(s: &Shared, addr: usize) -> Result<PromoteResult> {
 pub(super) fn tracking_loop(s: &Shared) {
     let _ = s.tracking_thread.set(std::thread::current());
     let mut last_publish = Instant::now();
-    let mut last_decisions = 0u64;
+    let mut last_decisions = (0u64, 0u64);
     // A probe armed pages while converged: classify what they saw at the next step.
     let mut collect = false;
     while !s.stop.load(Ordering::Acquire) {
@@ -304,7 +305,9 @@ pub(super) fn tracking_loop(s: &Shared) {
         }
         let mut probe = false;
         if cfg.converge.is_some() {
-            let decisions = s.decisions.load(Ordering::Relaxed);
+            // A step that decided something, or put a promotion off (the pace), is not quiet:
+            // held regions are work still to do.
+            let decisions = (s.decisions.load(Ordering::Relaxed), s.deferrals.load(Ordering::Relaxed));
             let changed = decisions != last_decisions;
             last_decisions = decisions;
             let mut guard = s.conv.lock().expect("conv lock");
