@@ -597,10 +597,11 @@ impl LoadSizing {
     /// The group's memory for a step of `want` pages: memory.stat read afresh when there is
     /// no reading (none yet, or the last step freed less than it asked), when it is older
     /// than the stat interval, or when the step comes near the unreclaimable floor; else the
-    /// last reading carried forward to `usage` ([`GroupMemory::carried_to`]). Reading memory.stat flushes the group's statistics, and
-    /// the kernel balances its active and inactive lists by them: a worker that read them
-    /// every 2 ms kept them fresh where the kernel alone lets them age for up to 2 s, and the
-    /// file-server load then kept different pages and read 15–20% more from disk (issue 23).
+    /// last reading carried forward to `usage` ([`GroupMemory::carried_to`]). Reading
+    /// memory.stat flushes the group's statistics, and the kernel balances its active and
+    /// inactive lists by them: a worker that read them every 2 ms kept them fresh where the
+    /// kernel alone lets them age for up to 2 s, and the file-server load then kept different
+    /// pages and read 15–20% more from disk (issue 23).
     fn memory(
         &mut self,
         target: &MemCgroup,
