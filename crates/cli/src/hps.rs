@@ -73,9 +73,10 @@ enum Command {
         /// touches it, instead of 4 KiB pages collapsed later. `auto` gives them while a
         /// hugepage costs less than the 4 KiB pages it replaces (measured on the fill's first
         /// region: on a VM whose host takes free memory back it often does not), `always`
-        /// whatever they cost, `never` (the default) not at all: under `auto` a hot region was
-        /// sometimes left in small pages, a fault not found yet. Needs a tmpfs of HPS's own
-        /// (root); without one HPS goes without. See docs/hps.md.
+        /// whatever they cost, `never` (the default) not at all: a region the program fills
+        /// sparsely still gets a whole hugepage, as a server's slabs do. A region that got small
+        /// pages after all is tracked and collapsed if hot. Needs a tmpfs of HPS's own (root);
+        /// without one HPS goes without. See docs/hps.md.
         #[arg(long, value_name = "WHEN", default_value = "never", value_parser = ["auto", "always", "never"])]
         first_touch: String,
         /// The same as `--first-touch never`.

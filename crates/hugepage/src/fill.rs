@@ -25,7 +25,10 @@
 //! fuller), and at most [`MAX_WINDOW`] regions a front if the program skips about. An advised
 //! region already partly written when the advice came stays on small pages (tmpfs allocates a
 //! hugepage only into an empty 2 MiB range); once it stops changing short of dense it is
-//! un-advised, so khugepaged does not later fill its holes.
+//! un-advised, so khugepaged does not later fill its holes. One that the program fills densely
+//! all the same, in small pages, is reported [`Advice::Filled`]: the mechanism checks whether it
+//! got its hugepage and, if not, hands it back to the tracker, which collapses it if it is hot
+//! (left out of tracking, a hot region filled that way would stay on small pages for good).
 //!
 //! Checking costs: a region is probed by its first and last pages (two mincore(2) calls of
 //! one page) while empty, at most `probe_budget` regions a check, and counted (mincore of its
@@ -57,11 +60,9 @@ const SPARSE_EVERY: u64 = 8;
 /// Whether `pagewise hps run` gives hugepages at first touch ahead of dense fills.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FirstTouch {
-    /// Never: regions are filled in small pages and collapsed if hot. The default: with
-    /// `Priced`, a hot region of a program that works one hot set over and over (the drift
-    /// test in crates/cli/tests/hps_run.rs) was sometimes left in small pages and never
-    /// collapsed, a fault not found yet; on this VM kind hugepages at first touch are mostly
-    /// dear anyway (docs/hps.md).
+    /// Never: regions are filled in small pages and collapsed if hot. The default: on this VM
+    /// kind hugepages at first touch are mostly dear, and a server's fill (memcached's slabs)
+    /// takes whole hugepages it does not fill (docs/hps.md).
     #[default]
     Off,
     /// While hugepages are cheap ([`Price`]).
@@ -126,6 +127,9 @@ pub enum Advice {
     Huge { first: usize, count: usize },
     /// MADV_NOHUGEPAGE on region `region`; HPS tracks it again.
     Small { region: usize },
+    /// Region `region`, advised, is now dense: in a hugepage if its first touch got one, else
+    /// in small pages, and then HPS tracks it again.
+    Filled { region: usize },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -216,6 +220,7 @@ impl FillFronts {
                         // The front went through: it goes on from here.
                         changed = true;
                         dense_now.push(r);
+                        out.push(Advice::Filled { region: r });
                         State::Settled
                     } else if c == count {
                         if c > 0 && still + 1 >= STALL_CHECKS {
@@ -459,6 +464,7 @@ mod tests {
                             f.decline(first, count);
                         }
                         Advice::Small { .. } => small += 1,
+                        Advice::Filled { .. } => {}
                     }
                 }
                 assert!(!f.state.iter().any(|s| matches!(s, State::Advised { .. })));
@@ -522,10 +528,31 @@ mod tests {
         assert!(f.active());
     }
 
+    #[test]
+    fn an_advised_region_filled_densely_is_reported_filled_once() {
+        let mut m = Fake { pages: vec![0; 8], ascending: true };
+        let mut f = FillFronts::new(8);
+        let mut out = Vec::new();
+        m.pages[0] = REGION_PAGES;
+        m.pages[1] = 10;
+        f.check(&mut m, &mut 8, &mut out);
+        assert_eq!(out, vec![Advice::Huge { first: 2, count: 1 }]);
+        // Region 2 is filled: in a hugepage, or in small pages if the advice came too late.
+        m.pages[1] = REGION_PAGES;
+        m.pages[2] = DENSE_PAGES;
+        out.clear();
+        for _ in 0..4 {
+            f.check(&mut m, &mut 8, &mut out);
+        }
+        let filled: Vec<_> = out.iter().filter(|a| matches!(a, Advice::Filled { .. })).collect();
+        assert_eq!(filled, vec![&Advice::Filled { region: 2 }], "{out:?}");
+    }
+
     proptest! {
         /// Whatever memory looks like from check to check: every region is advised at most
-        /// once and only while it is empty, un-advised only after it was advised, and each
-        /// advice is a run of at most MAX_WINDOW regions inside the arena.
+        /// once and only while it is empty, un-advised or reported filled (once, never both)
+        /// only after it was advised, filled only when dense, and each advice is a run of at
+        /// most MAX_WINDOW regions inside the arena.
         #[test]
         fn advice_is_bounded_and_only_for_empty_regions(
             steps in proptest::collection::vec(proptest::collection::vec(0u32..=512, 12), 1..30),
@@ -534,6 +561,7 @@ mod tests {
             let mut f = FillFronts::new(12);
             let mut advised = [false; 12];
             let mut small = [false; 12];
+            let mut filled = [false; 12];
             for pages in steps {
                 let mut m = Fake { pages: pages.clone(), ascending: true };
                 let mut out = Vec::new();
@@ -549,8 +577,13 @@ mod tests {
                             }
                         }
                         Advice::Small { region } => {
-                            prop_assert!(advised[region] && !small[region]);
+                            prop_assert!(advised[region] && !small[region] && !filled[region]);
                             small[region] = true;
+                        }
+                        Advice::Filled { region } => {
+                            prop_assert!(advised[region] && !small[region] && !filled[region]);
+                            prop_assert!(pages[region] >= DENSE_PAGES);
+                            filled[region] = true;
                         }
                     }
                 }

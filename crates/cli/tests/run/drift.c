@@ -3,7 +3,8 @@
  * and the tracker publishes that tracking stopped ("# tracking converged" in
  * /run/pagewise/hps/PID.acs); then the hot set moves to [32, 40) MiB, never touched before,
  * which is worked until the PMD-mapped total has grown by those 8 MiB and the published state
- * has left "converged" (tracking restarted). Each wait is bounded by
+ * has left "converged" (tracking restarted; not waited for if argv[2] is 0: with hugepages at
+ * first touch the second hot set may need no tracking). Each wait is bounded by
  * WAIT_SECONDS (argv[1]). Prints "drift: phase1 KB converged 0|1 phase2 KB" on stdout. */
 #include <stdint.h>
 #include <stdio.h>
@@ -49,6 +50,7 @@ static void work(volatile uint8_t *a, size_t from) {
 
 int main(int argc, char **argv) {
     int wait = argc > 1 ? atoi(argv[1]) : 60;
+    int want_restart = argc > 2 ? atoi(argv[2]) : 1;
     uint8_t *a = malloc(N);
     if (!a)
         return 1;
@@ -59,7 +61,7 @@ int main(int argc, char **argv) {
     int conv = converged();
     end = time(NULL) + wait;
     long p2 = 0;
-    int again = 0; /* seen tracking again (published state no longer "converged") */
+    int again = !want_restart; /* seen tracking again (published state no longer "converged") */
     while (time(NULL) < end && ((p2 = shmem_pmd_kb()) < p1 + (long)(HOT >> 10) || !again)) {
         work(a, 32UL << 20);
         again |= !converged();

@@ -2,6 +2,7 @@
 //! arenas on a huge-capable tmpfs, their residency probed through each arena's alias, advice
 //! applied to the program's view, and the tracker kept off the regions advised.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -40,6 +41,9 @@ pub(super) struct FillWatch {
     price: Mutex<Price>,
     /// Tells whether a measured region got its hugepage (root; without it, it is assumed).
     kpageflags: Option<(Pagemap, Mutex<KpageFlags>)>,
+    /// Regions (their addresses) un-advised with MADV_NOHUGEPAGE, which MADV_COLLAPSE refuses
+    /// (EINVAL): advised huge again just before the tracker collapses one.
+    unadvised: Mutex<HashSet<usize>>,
 }
 
 impl FillWatch {
@@ -54,6 +58,7 @@ impl FillWatch {
             priced,
             price: Mutex::new(Price::default()),
             kpageflags: Pagemap::open(Pid::SelfProcess).ok().zip(KpageFlags::open().ok().map(Mutex::new)),
+            unadvised: Mutex::new(HashSet::new()),
         })
     }
 
@@ -66,7 +71,20 @@ impl FillWatch {
     }
 
     pub(super) fn forget_arena(&self, addr: usize) {
-        self.fronts.lock().expect("fronts lock").retain(|(a, ..)| *a != addr);
+        let mut fronts = self.fronts.lock().expect("fronts lock");
+        if let Some((_, _, taken)) = fronts.iter().find(|(a, ..)| *a == addr) {
+            let end = addr + taken.len() * HUGE_PMD;
+            self.unadvised.lock().expect("unadvised lock").retain(|r| !(addr..end).contains(r));
+        }
+        fronts.retain(|(a, ..)| *a != addr);
+    }
+
+    /// Before the tracker collapses the region at `addr`: advise it huge again if this watch
+    /// un-advised it, since MADV_COLLAPSE refuses a range advised MADV_NOHUGEPAGE.
+    pub(super) fn before_collapse(&self, addr: usize) {
+        if self.unadvised.lock().expect("unadvised lock").remove(&addr) {
+            let _ = mem::madvise(addr, HUGE_PMD, Advice::HugePage);
+        }
     }
 
     /// How long until the next check, or None when no check can change anything.
@@ -100,7 +118,13 @@ impl FillWatch {
                 let (first, count) = match *advice {
                     fill::Advice::Huge { first, count } => (first, count),
                     fill::Advice::Small { region } => {
-                        self.apply(arena, &range, taken, region, false);
+                        if self.apply(arena, &range, taken, region, false) {
+                            self.unadvised.lock().expect("unadvised lock").insert(arena.addr() + region * HUGE_PMD);
+                        }
+                        continue;
+                    }
+                    fill::Advice::Filled { region } => {
+                        self.keep_if_huge(arena, &range, taken, region);
                         continue;
                     }
                 };
@@ -152,18 +176,33 @@ impl FillWatch {
         let cpu0 = signal::thread_cpu_time();
         let populated = mem::madvise(at, HUGE_PMD, Advice::PopulateWrite);
         let cost = (signal::thread_cpu_time() - cpu0).as_nanos() as u64;
-        let huge = populated.is_ok() && self.kpageflags.as_ref().is_none_or(|k| is_thp(k, at));
-        if !huge {
-            let _ops = range.hold();
-            if taken[region] && range.region_whole(region) {
-                range.set_mode(region, RegionMode::Sample);
-                taken[region] = false;
-            }
+        if populated.is_err() || !self.got_hugepage(at) {
+            give_back(range, taken, region);
             return None;
         }
         let mut price = self.price.lock().expect("price lock");
         price.record(now_ns, cost);
         Some(!price.dear(now_ns))
+    }
+
+    /// Region `region`, advised, has been filled densely: keep it from the tracker if it got
+    /// its hugepage, else give it back, to be collapsed if it is hot. Without kpageflags a
+    /// hugepage is assumed, as in [`Self::measure_on`].
+    fn keep_if_huge(&self, arena: &TrackedArena, range: &TrackedRange, taken: &mut [bool], region: usize) {
+        if !self.got_hugepage(arena.addr() + region * HUGE_PMD) {
+            give_back(range, taken, region);
+        }
+    }
+
+    /// Whether the region at `addr` is a hugepage (then mapped whole, [`map_whole`]); assumed
+    /// without kpageflags.
+    fn got_hugepage(&self, addr: usize) -> bool {
+        let Some(k) = &self.kpageflags else { return true };
+        let huge = is_thp(k, addr);
+        if huge {
+            map_whole(addr);
+        }
+        huge
     }
 
     /// Advise region `region` of `arena` huge (or no longer huge) and take it from the tracker
@@ -196,6 +235,24 @@ impl FillWatch {
             self.advised.fetch_add(1, Ordering::Relaxed);
         }
         true
+    }
+}
+
+/// Map the hugepage at `addr` with one PMD entry. A hugepage is mapped by 512 PTEs instead
+/// when a page table was already there for its range (the region was observed before it was
+/// advised): seen here as a region that stayed out of ShmemPmdMapped, and out of the tracker,
+/// for good. MADV_COLLAPSE of a range that is one hugepage already only replaces the page
+/// table with the PMD entry (no copy); on one mapped so already it does nothing.
+fn map_whole(addr: usize) {
+    let _ = mem::madvise(addr, HUGE_PMD, Advice::Collapse);
+}
+
+/// Give region `region`, taken from the tracker, back to it (sampled as any other).
+fn give_back(range: &TrackedRange, taken: &mut [bool], region: usize) {
+    let _ops = range.hold();
+    if taken[region] && range.region_whole(region) {
+        range.set_mode(region, RegionMode::Sample);
+        taken[region] = false;
     }
 }
 

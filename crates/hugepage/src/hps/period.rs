@@ -226,6 +226,9 @@ fn try_promote(s: &Shared, addr: usize) -> Result<PromoteResult> {
     // thread), not this thread waiting for a CPU on a busy machine.
     let cpu0 = signal::thread_cpu_time();
     promote::warm_hugepage();
+    if let Some(f) = &s.fill {
+        f.before_collapse(addr);
+    }
     let res = promote::collapse(addr);
     let cpu = (signal::thread_cpu_time() - cpu0).as_nanos() as u64;
     let end = s.epoch.elapsed().as_nanos() as u64;
