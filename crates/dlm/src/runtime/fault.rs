@@ -32,34 +32,35 @@ pub(super) fn handler_thread(inner: &Inner) {
             }
             Err(e) => crate::fatal(format_args!("pagewise dlm: waiting for faults failed: {e}")),
         }
-        loop {
-            match uffd.read_event() {
-                Ok(Some(Event::Pagefault { addr, write, thread_id, .. })) => {
-                    let pinned = match &mut colocation {
-                        Some(c) if thread_id != 0 => c.check(Some(thread_id)),
-                        _ => false,
-                    };
-                    // A panic here would leave the faulting thread waiting forever: stop instead.
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        let mut st = inner.lock();
-                        st.stats.colocations += u64::from(pinned);
-                        st.colocated = colocation.as_ref().is_some_and(Colocation::is_pinned);
-                        if let Served::NotOurs = inner.serve(&mut st, addr, write) {
-                            // Registered with this userfaultfd but no area's: a range the
-                            // runtime gave up as the fault was taken. Retried, it meets what
-                            // is mapped there now.
-                            let _ = uffd.wake(addr & !(inner.cfg.base_page - 1), inner.cfg.base_page);
-                        }
-                    }));
-                    if r.is_err() {
-                        crate::fatal(format_args!("pagewise dlm: the fault handler failed at {addr:#x}"));
+        // One event per wake-up, then back to poll, which returns at once while more are
+        // queued: reading on until EAGAIN would put one more system call on every fault's
+        // path, between the reply's UFFDIO_COPY and the faulting thread running again when
+        // the two share a CPU (colocation).
+        match uffd.read_event() {
+            Ok(Some(Event::Pagefault { addr, write, thread_id, .. })) => {
+                let pinned = match &mut colocation {
+                    Some(c) if thread_id != 0 => c.check(Some(thread_id)),
+                    _ => false,
+                };
+                // A panic here would leave the faulting thread waiting forever: stop instead.
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let mut st = inner.lock();
+                    st.stats.colocations += u64::from(pinned);
+                    st.colocated = colocation.as_ref().is_some_and(Colocation::is_pinned);
+                    if let Served::NotOurs = inner.serve(&mut st, addr, write) {
+                        // Registered with this userfaultfd but no area's: a range the
+                        // runtime gave up as the fault was taken. Retried, it meets what
+                        // is mapped there now.
+                        let _ = uffd.wake(addr & !(inner.cfg.base_page - 1), inner.cfg.base_page);
                     }
+                }));
+                if r.is_err() {
+                    crate::fatal(format_args!("pagewise dlm: the fault handler failed at {addr:#x}"));
                 }
-                Ok(Some(_)) => {}
-                Ok(None) => break,
-                Err(e) => {
-                    crate::fatal(format_args!("pagewise dlm: reading the userfaultfd failed: {e}"));
-                }
+            }
+            Ok(Some(_) | None) => {}
+            Err(e) => {
+                crate::fatal(format_args!("pagewise dlm: reading the userfaultfd failed: {e}"));
             }
         }
     }
