@@ -176,7 +176,7 @@ impl FillWatch {
         let cpu0 = signal::thread_cpu_time();
         let populated = mem::madvise(at, HUGE_PMD, Advice::PopulateWrite);
         let cost = (signal::thread_cpu_time() - cpu0).as_nanos() as u64;
-        if populated.is_err() || !self.got_hugepage(at) {
+        if populated.is_err() || !self.got_hugepage(range, region, at) {
             give_back(range, taken, region);
             return None;
         }
@@ -189,16 +189,18 @@ impl FillWatch {
     /// its hugepage, else give it back, to be collapsed if it is hot. Without kpageflags a
     /// hugepage is assumed, as in [`Self::measure_on`].
     fn keep_if_huge(&self, arena: &TrackedArena, range: &TrackedRange, taken: &mut [bool], region: usize) {
-        if !self.got_hugepage(arena.addr() + region * HUGE_PMD) {
+        if !self.got_hugepage(range, region, arena.addr() + region * HUGE_PMD) {
             give_back(range, taken, region);
         }
     }
 
-    /// Whether the region at `addr` is a hugepage (then mapped whole, [`map_whole`]); assumed
-    /// without kpageflags.
-    fn got_hugepage(&self, addr: usize) -> bool {
+    /// Whether region `region` (at `addr`) is a hugepage (then mapped whole, [`map_whole`]);
+    /// assumed without kpageflags.
+    fn got_hugepage(&self, range: &TrackedRange, region: usize, addr: usize) -> bool {
         let Some(k) = &self.kpageflags else { return true };
-        let huge = is_thp(k, addr);
+        // Not while the program unmaps part of it; never a region no longer whole (as `apply`).
+        let _ops = range.hold();
+        let huge = range.region_whole(region) && is_thp(k, addr);
         if huge {
             map_whole(addr);
         }
