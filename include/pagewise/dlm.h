@@ -94,8 +94,8 @@ int dlm_stats(struct dlm_stats *out);
 /* Page-size tuning (seed 003). Bracket a compute loop with dlm_start(id) / dlm_end(id): between
  * them the runtime records the base pages the loop faults on; at dlm_end the tuner keeps the
  * unit size if the loop's working set fits in local memory, else shrinks it to the largest
- * size whose touched units fit (at least min_set pages), and goes back to the larger size when a
- * change made the loop slower. Each loop id has its own size and history; loops do not nest.
+ * size whose touched units fit (at least min_set pages), and goes back to the fastest larger size
+ * it measured when a change made the loop slower. Each loop id has its own size and history; loops do not nest.
  * dlm_end returns the loop's unit size from now on, in KiB. PAGEWISE_DLM_AUTO_TUNE=1 tunes over
  * time windows while no loop is measured (programs without start/end). */
 int dlm_start(uint64_t loop_id);

@@ -11,7 +11,10 @@
 //!   gives each size its own count), bounded below by the minimum size.
 //! - **Slower after a change: go back and stay.** From the second end on, a change is judged
 //!   by the loop's next time: if it is slower than the loop before the change (beyond a small
-//!   tolerance for noise), the larger size comes back and the loop's size is pinned. Not when
+//!   tolerance for noise), the loop goes back to the fastest larger size it has run a whole
+//!   loop at — not merely the last one: steps each slower by less than the tolerance add up
+//!   (the solver at 50% went 64 → 32 → 16 KiB, 16 KiB was clearly slower and the loop was
+//!   pinned at 32 KiB, 1.18× the time of 64 KiB) — and the loop's size is pinned. Not when
 //!   the shrink made the loop fit and the larger size would not: that size would thrash, and
 //!   the slowdown has another cause. Windows of an unmodified program ([`LoopState::windows`])
 //!   never go back to a size that does not fit what the window touched: two windows are often
@@ -130,7 +133,7 @@ pub enum Reason {
     Shrink,
     /// They did not fit even at the smallest size: shrunk to it (or stayed there).
     Floor,
-    /// The last change made the loop slower: back to the larger size, pinned.
+    /// The last change made the loop slower: back to the fastest larger size measured, pinned.
     Revert,
     /// Pinned by an earlier revert.
     Pinned,
@@ -172,6 +175,10 @@ pub struct LoopState {
     pub iterations: u32,
     /// The last decision changed the size from this set count, after a loop of this time.
     changed_from: Option<(u32, f64)>,
+    /// The last whole loop's time at each set count (`times[k]`: set count `1 << k`; 0: none).
+    times: [f64; MAX_CANDIDATES],
+    /// The running loop changed size midway (`decide_early`): its time is no size's.
+    mixed: bool,
     pinned: bool,
     /// Tuning windows of an unmodified program, not a loop: a revert needs the larger size to fit.
     windows: bool,
@@ -179,7 +186,15 @@ pub struct LoopState {
 
 impl LoopState {
     pub fn new(set: u32) -> Self {
-        LoopState { set, iterations: 0, changed_from: None, pinned: false, windows: false }
+        LoopState {
+            set,
+            iterations: 0,
+            changed_from: None,
+            times: [0.0; MAX_CANDIDATES],
+            mixed: false,
+            pinned: false,
+            windows: false,
+        }
     }
 
     /// The state of the tuning windows of a program without `dlm_start`/`dlm_end`.
@@ -195,13 +210,20 @@ impl LoopState {
 /// Decide the loop's next set count from what it touched and its time; updates `state`.
 pub fn decide(cfg: &TunerConfig, state: &mut LoopState, touched: &Touched, time: f64, loop_id: u64) -> Decision {
     let cur = state.set;
+    if !std::mem::take(&mut state.mixed) {
+        state.times[cur.trailing_zeros() as usize] = time;
+    }
     let fits = |s: u32| touched.at(s) <= cfg.local_units(s);
-    let (new, reason) = if let Some((from, before)) = state.changed_from.filter(|_| !state.pinned) {
-        let thrashes_if_back = !fits(from) && (fits(cur) || state.windows);
-        if time > before * (1.0 + SLOWER_TOLERANCE) && !thrashes_if_back {
-            (from, Reason::Revert)
+    let (new, reason) = if let Some((_, before)) = state.changed_from.filter(|_| !state.pinned) {
+        let thrashes_if_back = |to: u32| !fits(to) && (fits(cur) || state.windows);
+        let back = if time > before * (1.0 + SLOWER_TOLERANCE) {
+            fastest_larger(state, cur, |to| !thrashes_if_back(to))
         } else {
-            shrink_rule(cfg, cur, &fits)
+            None
+        };
+        match back {
+            Some(to) => (to, Reason::Revert),
+            None => shrink_rule(cfg, cur, &fits),
         }
     } else if state.pinned {
         (cur, Reason::Pinned)
@@ -249,6 +271,7 @@ pub fn decide_early(
     }
     state.set = new;
     state.changed_from = None;
+    state.mixed = true;
     Some(Decision {
         loop_id,
         iteration: state.iterations,
@@ -259,6 +282,15 @@ pub fn decide_early(
         loop_time: time,
         reason,
     })
+}
+
+/// Of the set counts larger than `cur` that a whole loop ran at and `allowed` accepts, the one
+/// whose last loop was fastest.
+fn fastest_larger(state: &LoopState, cur: u32, allowed: impl Fn(u32) -> bool) -> Option<u32> {
+    (cur.trailing_zeros() + 1..MAX_CANDIDATES as u32)
+        .filter(|&k| state.times[k as usize] > 0.0 && allowed(1 << k))
+        .min_by(|&a, &b| state.times[a as usize].total_cmp(&state.times[b as usize]))
+        .map(|k| 1 << k)
 }
 
 fn shrink_rule(cfg: &TunerConfig, cur: u32, fits: &impl Fn(u32) -> bool) -> (u32, Reason) {
@@ -366,6 +398,31 @@ mod tests {
     }
 
     #[test]
+    fn a_revert_goes_back_to_the_fastest_size_measured_not_the_last() {
+        // The solver at 50%: each step within the tolerance of the last, until 16 KiB is
+        // clearly slower: back to 64 KiB, the fastest, not to 32 KiB.
+        let c = cfg();
+        let mut st = LoopState::new(8);
+        decide(&c, &mut st, &sparse(1280), 3.2, 0); // 128 → 64
+        decide(&c, &mut st, &sparse(2500), 3.0, 0); // 64 → 32
+        decide(&c, &mut st, &sparse(5000), 3.1, 0); // 32 → 16: 3% slower, within the tolerance
+        let d = decide(&c, &mut st, &sparse(10_000), 5.0, 0);
+        assert_eq!((d.reason, d.old_size, d.new_size), (Reason::Revert, 16 << 10, 64 << 10));
+        assert!(st.pinned());
+    }
+
+    #[test]
+    fn a_loop_that_changed_size_midway_measures_no_size() {
+        let c = cfg();
+        let mut st = LoopState::new(8);
+        decide_early(&c, &mut st, &sparse(1280), 0.5, 0).expect("thrashing: 128 → 64 midway");
+        decide(&c, &mut st, &sparse(2500), 1.0, 0); // 64 → 32 after a loop of both sizes
+                                                    // Much slower, but no larger size has run a whole loop: nothing to go back to.
+        let d = decide(&c, &mut st, &sparse(5000), 9.0, 0);
+        assert_eq!((d.reason, d.new_size), (Reason::Shrink, 16 << 10));
+    }
+
+    #[test]
     fn no_revert_of_windows_to_a_size_that_would_thrash() {
         // A program's windows: after 128 → 64 the next window is slower (a new phase), and
         // what it touched fits neither at 64 nor at 128 KiB: going back would thrash for good.
@@ -444,8 +501,9 @@ mod tests {
 
     proptest! {
         /// Any sequence of measurements: the size stays within bounds, changes at most
-        /// log2(max/min) + 1 times, never returns to a size it left except by the one revert,
-        /// and a shrink lands on a size whose touched units fit (or on the floor).
+        /// log2(max/min) + 1 times, never returns to a size it left except by the one revert
+        /// (to a size a whole loop ran at), and a shrink lands on a size whose touched units fit
+        /// (or on the floor).
         #[test]
         fn settles_without_oscillation(
             min_k in 0u32..3, max_k in 3u32..8, local in 1usize..4000,
@@ -455,8 +513,10 @@ mod tests {
             let mut st = LoopState::new(c.max_set);
             let mut changes = 0u32;
             let mut sizes = vec![st.set];
+            let mut measured = std::collections::BTreeSet::new();
             for (t, time) in &steps {
                 let old = st.set;
+                measured.insert(old);
                 let d = decide(&c, &mut st, t, *time, 1);
                 prop_assert!(st.set >= c.min_set && st.set <= c.max_set);
                 if st.set != old {
@@ -469,7 +529,10 @@ mod tests {
                         prop_assert!(t.at(st.set) <= c.local_units(st.set));
                     }
                     Reason::Floor => prop_assert_eq!(st.set, c.min_set),
-                    Reason::Revert => prop_assert!(st.set > old),
+                    Reason::Revert => {
+                        prop_assert!(st.set > old);
+                        prop_assert!(measured.contains(&st.set), "back to {} never measured", st.set);
+                    }
                     Reason::Fits | Reason::Pinned => prop_assert_eq!(st.set, old),
                     r @ (Reason::Explore | Reason::Better | Reason::Worse | Reason::Settled) => {
                         prop_assert!(false, "a window's reason {:?} for a loop", r)
