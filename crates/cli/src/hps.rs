@@ -50,13 +50,14 @@ enum Command {
         promote_fraction: f64,
         /// Most CPU time promotion may take, as a share of the program's run so far: a
         /// collapse costs 0.6–5 ms here, and a program that ends soon after gets nothing back
-        /// for it. 1 promotes as soon as a region is found hot (after the ramp). See
-        /// docs/hps.md.
+        /// for it. 1 promotes as soon as a region is found hot (after the ramp). Tracking (the
+        /// faults of observed pages) is held to the same share, separately. See docs/hps.md.
         #[arg(long, value_name = "SHARE", default_value_t = 0.2)]
         pace: f64,
         /// Seconds over which that share grows from none, as the program runs: with the
         /// defaults, a program that ends after 1 s has given promotion at most 1% of a CPU
-        /// (and the collapse then running). 0: the whole share from the start.
+        /// (and the collapse then running), and tracking as much. 0: the whole share from the
+        /// start.
         #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
         pace_ramp: f64,
         /// Tracking period while there is work, in milliseconds.

@@ -18,7 +18,7 @@ use pagewise_track::{report, Delivery, MinorTracker, RegionMode, TrackedArena, T
 use crate::compact::HugeArena;
 use crate::fairness::{self, Budget};
 use crate::fill::FirstTouch;
-use crate::pace::Pace;
+use crate::pace::{ChargedPace, Pace};
 use crate::policy::{Backoff, ConvergeRule, Convergence, Decision, RegionRule, RegionView, TrackState};
 use crate::{Error, Result};
 
@@ -87,6 +87,10 @@ pub struct HpsConfig {
     /// start of the run. None: promote as soon as the rule says (an application that embeds
     /// HPS runs on).
     pub pace: Option<Pace>,
+    /// Pace tracking the same way: what observing costs (the fault handler's CPU time and the
+    /// time spent arming pages) to a share of wall time; a period the pace does not allow is
+    /// skipped (`pagewise hps run`). None: a period every interval.
+    pub track_pace: Option<Pace>,
 }
 
 impl Default for HpsConfig {
@@ -109,6 +113,7 @@ impl Default for HpsConfig {
             colocate: false,
             first_touch: FirstTouch::Off,
             pace: None,
+            track_pace: None,
         }
     }
 }
@@ -139,6 +144,8 @@ pub struct HpsStats {
     pub collapse_failures: u64,
     /// Promotions the pace put off to a later decision step ([`HpsConfig::pace`]).
     pub paced_promotions: u64,
+    /// Tracking periods the tracking pace skipped ([`HpsConfig::track_pace`]).
+    pub paced_periods: u64,
     /// Regions advised ahead of a dense fill (a hugepage at their first touch).
     pub first_touch_regions: u64,
     /// Regions of windows ahead of a dense fill declined because hugepages were dear.
@@ -176,6 +183,8 @@ struct Shared {
     backoff: Mutex<Backoff>,
     /// Promotion's pace (with [`HpsConfig::pace`]).
     pace: Mutex<Option<Pace>>,
+    /// Tracking's pace (with [`HpsConfig::track_pace`]).
+    track_pace: Mutex<Option<ChargedPace>>,
     budget: Mutex<Option<Budget>>,
     tracking: AtomicBool,
     stop: AtomicBool,
@@ -199,6 +208,8 @@ struct Shared {
     collapse_failures: AtomicU64,
     /// Promotions put off by the pace.
     paced: AtomicU64,
+    /// Tracking periods skipped by tracking's pace.
+    paced_periods: AtomicU64,
     /// First-touch hugepages ahead of dense fills, when configured and possible.
     fill: Option<FillWatch>,
     /// Regions the kernel refused to collapse, and how often (see `period::MAX_REFUSALS`).
@@ -250,6 +261,7 @@ impl Hps {
         let first_touch = cfg.first_touch;
         let conv = cfg.converge.map(Convergence::new);
         let pace = cfg.pace;
+        let track_pace = cfg.track_pace.map(ChargedPace::new);
         // The runtime's threads besides the program's: the tracking thread, the service
         // thread (with Notify::Handler) and the tracker's handler thread.
         let own_threads = 2 + u32::from(notify == Notify::Handler);
@@ -265,6 +277,7 @@ impl Hps {
             callbacks: Mutex::new(Callbacks::default()),
             backoff: Mutex::new(Backoff::default()),
             pace: Mutex::new(pace),
+            track_pace: Mutex::new(track_pace),
             budget: Mutex::new(budget),
             tracking: AtomicBool::new(true),
             stop: AtomicBool::new(false),
@@ -283,6 +296,7 @@ impl Hps {
             compacted: AtomicU64::new(0),
             collapse_failures: AtomicU64::new(0),
             paced: AtomicU64::new(0),
+            paced_periods: AtomicU64::new(0),
             fill: match first_touch {
                 FirstTouch::Off => None,
                 FirstTouch::Priced => FillWatch::new(true),
@@ -594,6 +608,7 @@ impl Hps {
             compacted_pages: s.compacted.load(Ordering::Relaxed),
             collapse_failures: s.collapse_failures.load(Ordering::Relaxed),
             paced_promotions: s.paced.load(Ordering::Relaxed),
+            paced_periods: s.paced_periods.load(Ordering::Relaxed),
             first_touch_regions: s.fill.as_ref().map_or(0, |f| f.advised.load(Ordering::Relaxed)),
             first_touch_declined: s.fill.as_ref().map_or(0, |f| f.declined.load(Ordering::Relaxed)),
             notifications_sent: s.sent.load(Ordering::Relaxed),

@@ -78,6 +78,29 @@ impl Pace {
     }
 }
 
+/// A pace charged with a running total rather than per use: tracking's cost (the handler's CPU
+/// time, the time spent arming) grows on its own between periods, and each look charges what
+/// it grew by since the last.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ChargedPace {
+    pace: Pace,
+    charged_ns: u64,
+}
+
+impl ChargedPace {
+    pub fn new(pace: Pace) -> ChargedPace {
+        ChargedPace { pace, charged_ns: 0 }
+    }
+
+    /// Charge the growth of `total_ns` since the last look, then: may the next use start at
+    /// `now_ns`?
+    pub fn allows(&mut self, now_ns: u64, total_ns: u64) -> bool {
+        self.pace.spend(now_ns, total_ns.saturating_sub(self.charged_ns));
+        self.charged_ns = self.charged_ns.max(total_ns);
+        self.pace.allowed(now_ns)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,6 +146,19 @@ mod tests {
         p.spend(6 * MS, 5 * MS);
         assert!(!p.allowed(700 * MS));
         assert!(p.allowed(800 * MS));
+    }
+
+    #[test]
+    fn a_running_total_is_charged_by_its_growth() {
+        let mut p = ChargedPace::new(Pace::new(0.2, 25 * MS, 0));
+        assert!(p.allows(10 * MS, 0), "2 ms earned, nothing spent");
+        // 5 ms spent by 20 ms, when 4 ms were earned: in debt until 25 ms.
+        assert!(!p.allows(20 * MS, 5 * MS));
+        assert!(!p.allows(25 * MS, 5 * MS), "the same total is not charged twice, and 5 ms earned just pays it");
+        assert!(p.allows(26 * MS, 5 * MS));
+        // A total that reads lower (a clock read before another) charges nothing.
+        assert!(p.allows(27 * MS, 4 * MS));
+        assert!(!p.allows(28 * MS, 6 * MS), "1 ms more than the highest total charged");
     }
 
     #[test]

@@ -306,6 +306,11 @@ pub(super) fn tracking_loop(s: &Shared) {
         if s.stop.load(Ordering::Acquire) || !s.tracking.load(Ordering::Acquire) {
             continue;
         }
+        if !tracking_allowed(s) {
+            // Not a period at all: nothing armed, nothing counted towards convergence.
+            s.paced_periods.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
         let mut probe = false;
         if cfg.converge.is_some() {
             // A step that decided something, or put a promotion off (the pace), is not quiet:
@@ -385,6 +390,17 @@ pub(super) fn tracking_loop(s: &Shared) {
             last_publish = Instant::now();
         }
     }
+}
+
+/// Whether tracking's pace allows a period now, after charging it what tracking has cost
+/// since the last look: the handler's CPU time serving the faults of pages armed so far, and
+/// the time spent arming them. On GNU sort of 64 MiB (0.8 s, a 256 MiB buffer) the two came to
+/// 23–31 ms, and the run took 33 ms longer than with tracking off.
+fn tracking_allowed(s: &Shared) -> bool {
+    let mut guard = s.track_pace.lock().expect("track pace lock");
+    let Some(pace) = guard.as_mut() else { return true };
+    let t = s.tracker.stats();
+    pace.allows(s.epoch.elapsed().as_nanos() as u64, t.handler_cpu_ns + t.arm_ns)
 }
 
 impl Shared {
