@@ -5,8 +5,8 @@
  * `pagewise run` (DLM) and `pagewise hps run` (HPS's tracked arena) differ only in the arena:
  * PAGEWISE_PRELOAD_ARENA names it.
  *
- * An arena hands out page-aligned, zero-filled areas of whole pages, private to the program
- * (not inherited by fork(2)). The shim then forwards what the program does to parts of an area
+ * An arena hands out page-aligned, zero-filled areas of whole pages, private to the program:
+ * not inherited by fork(2), or inherited and made the child's own copy (`copy_in_child`). The shim then forwards what the program does to parts of an area
  * — each call with the meaning Linux gives it on private anonymous memory — and frees the area
  * with `free` while any of it is still the arena's. An area whose every part was unmapped or
  * detached is the arena's to release by itself; the shim never names it again.
@@ -55,6 +55,10 @@ struct pw_arena {
     /* Optional (NULL): one line on what the arena did, for the end-of-run report. 0 or a
      * negative errno. */
     int (*summary)(char *buf, size_t n);
+    /* Optional (NULL: the areas are not inherited, MADV_DONTFORK). In a child made by fork(2),
+     * before it runs on: [addr, addr+len), a routed range inherited still shared with the
+     * parent, becomes plain private memory holding what it holds now. 0 or a negative errno. */
+    int (*copy_in_child)(void *addr, size_t len);
     /* The program `pagewise run` started is exiting (the shim's destructor; other threads may
      * still run): write what the run reports. Not called in the processes it execs. Memory
      * stays valid until the process is gone. */

@@ -135,5 +135,6 @@ const struct pw_arena pw_arena_dlm = {
     .prefetch = dlm_arena_prefetch,
     .advise = dlm_arena_advise,
     .summary = dlm_arena_summary,
+    .copy_in_child = NULL, /* MADV_DONTFORK: the pages may live on a server */
     .finish = dlm_arena_finish,
 };

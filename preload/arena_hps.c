@@ -17,9 +17,12 @@
  * and unmapped when its chunk goes (before: the chunk's span holds it, so nothing else may be
  * mapped there yet).
  *
- * The arenas are MAP_SHARED memfds: a child made by fork(2) would share them with its parent
- * (its writes landing in the parent's "private" malloc memory), so they are not inherited
- * (MADV_DONTFORK), as DLM's areas are not. */
+ * The arenas are MAP_SHARED memfds: a child made by fork(2) inherits them still shared with
+ * its parent, and before it runs on, each routed range becomes a private copy in the child
+ * (copy_in_child), while the parent waits in fork (shim.c): each then sees the memory as it was
+ * at the fork plus its own writes, as fork(2) gives (a child reading its parent's arrays:
+ * Python's multiprocessing, a snapshot such as redis's BGSAVE). Eager, where the kernel would
+ * copy on write: the child holds a copy of every page in memory of the routed ranges. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -97,13 +100,6 @@ static void *new_arena(size_t len) {
     void *p = p_alloc(len);
     if (!p)
         return NULL;
-    size_t whole = (len + HUGE - 1) & ~(HUGE - 1);
-    if (pw_sys_madvise(p, whole, MADV_DONTFORK) != 0) {
-        int e = errno;
-        p_free(p);
-        errno = e;
-        return NULL;
-    }
     return p;
 }
 
@@ -263,6 +259,41 @@ static int hps_arena_summary(char *buf, size_t n) {
     return 0;
 }
 
+/* In a child made by fork(2): [addr, addr+len) becomes a private copy of what it holds. Only
+ * pages in memory are copied (mincore(2) answers for the memfd's page cache): reading a hole
+ * through the shared mapping would allocate it, in the parent's file. */
+static int hps_arena_copy_in_child(void *addr, size_t len) {
+    char *src = addr;
+    char *copy = pw_sys_mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (copy == MAP_FAILED)
+        return -errno;
+    unsigned char vec[4096];
+    const size_t step = sizeof vec * PW_PAGE;
+    for (size_t at = 0; at < len; at += step) {
+        size_t n = len - at < step ? len - at : step, pages = n / PW_PAGE;
+        if (mincore(src + at, n, vec) != 0) {
+            int e = errno;
+            pw_sys_munmap(copy, len);
+            return -e;
+        }
+        for (size_t i = 0; i < pages;) {
+            size_t j = i;
+            while (j < pages && (vec[j] & 1))
+                j++;
+            if (j > i)
+                memcpy(copy + at + i * PW_PAGE, src + at + i * PW_PAGE, (j - i) * PW_PAGE);
+            i = j + 1;
+        }
+    }
+    /* Replaces the shared mapping at once: no moment with nothing mapped there. */
+    if (pw_sys_mremap(copy, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, addr) == MAP_FAILED) {
+        int e = errno;
+        pw_sys_munmap(copy, len);
+        return -e;
+    }
+    return 0;
+}
+
 /* Exit: the tracking thread may run on with the program's other threads; memory stays. */
 static void hps_arena_finish(void) {}
 
@@ -279,5 +310,6 @@ const struct pw_arena pw_arena_hps = {
     .prefetch = NULL,
     .advise = hps_arena_advise,
     .summary = hps_arena_summary,
+    .copy_in_child = hps_arena_copy_in_child,
     .finish = hps_arena_finish,
 };

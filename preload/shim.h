@@ -15,8 +15,8 @@
 #define PW_PAGE 4096UL
 
 /* S_OFF: not started (or failed): nothing is routed. S_ON: routing. S_CHILD: a child made by
- * fork(2): the areas are not here (MADV_DONTFORK), nothing is routed and the parent's arena
- * is never called. S_DOWN: the program is exiting (the destructor ran while other threads may
+ * fork(2): the areas are its own plain copies (HPS) or not here (DLM: MADV_DONTFORK), nothing
+ * is routed and the parent's arena is never called. S_DOWN: the program is exiting (the destructor ran while other threads may
  * still run): nothing new is routed, what is routed stays valid and keeps its meaning. */
 enum { S_OFF, S_ON, S_CHILD, S_DOWN };
 

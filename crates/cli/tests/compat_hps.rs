@@ -2,7 +2,7 @@
 //! same Debian programs as compat_dlm.rs — xz, zstd, 7-Zip, GNU sort, python3 + numpy,
 //! sqlite3, gcc, perl, a JVM, memcached and redis-server (jemalloc) — each giving the output of
 //! a plain run (servers: every value read back as stored), with its large allocations routed
-//! into HPS's tracked memory.
+//! into HPS's tracked memory; and numpy's array read by a multiprocessing pool made by fork.
 
 mod compat;
 
@@ -66,6 +66,15 @@ fn numpy_fft_matmul_and_sort_give_the_same_digests() {
     }
     let d = scratch("hps-numpy");
     same_under_hps(&jobs::numpy(d.path(), 2 << 20).unwrap());
+}
+
+#[test]
+fn a_multiprocessing_pool_started_by_fork_reads_the_parents_array() {
+    if !installed(jobs::DEBIAN_PYTHON, &["-c", "import numpy"]) {
+        return;
+    }
+    let d = scratch("hps-numpy-fork");
+    same_under_hps(&jobs::numpy_fork_pool(d.path(), 4_000_000).unwrap());
 }
 
 #[test]

@@ -426,6 +426,14 @@ fn the_runtimes_own_threads_never_get_arena_memory() {
 }
 
 #[test]
+fn a_forked_child_sees_its_parents_memory_and_each_keeps_its_own_writes() {
+    let Some((direct, run, err)) = direct_and_under_hps("forkread", &[], &[]) else { return };
+    assert_eq!(String::from_utf8_lossy(&direct.stdout), "child errors 0\nparent errors 0, child exit 0\n");
+    assert_eq!(String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&direct.stdout), "{err}");
+    assert_eq!(routed_allocations(&err), 2, "the malloc'd and the mmap'd memory were not routed:\n{err}");
+}
+
+#[test]
 fn packed_blocks_freed_and_reallocated_keep_their_content() {
     let Some((direct, run, err)) = direct_and_under_hps("pieces", &[], &[]) else { return };
     assert!(String::from_utf8_lossy(&direct.stdout).ends_with(" errors 0\n"));

@@ -12,6 +12,7 @@ use super::{Canon, Job};
 
 const NUMPY_WORK: &str = include_str!("../../programs/numpy_work.py");
 const HPS_GATHER: &str = include_str!("../../programs/hps_gather.py");
+const NUMPY_FORK_POOL: &str = include_str!("../../programs/numpy_fork_pool.py");
 const HEAP_WORK: &str = include_str!("../../programs/HeapWork.java");
 
 /// Debian's python3, which has python3-numpy; not whatever `python3` is first on PATH (a
@@ -210,6 +211,15 @@ pub fn sort(dir: &Path, bytes: u64, buffer: u64) -> anyhow::Result<Job> {
 pub fn numpy(dir: &Path, n: usize) -> anyhow::Result<Job> {
     write(&dir.join("numpy_work.py"), NUMPY_WORK.as_bytes())?;
     let mut j = job("numpy", dir, &[DEBIAN_PYTHON, "numpy_work.py", &n.to_string()], Canon::Stdout);
+    one_thread(&mut j);
+    Ok(j)
+}
+
+/// Debian's python3 + numpy, a multiprocessing pool started by fork reading the parent's
+/// array of `n` doubles (crates/eval/programs/numpy_fork_pool.py).
+pub fn numpy_fork_pool(dir: &Path, n: usize) -> anyhow::Result<Job> {
+    write(&dir.join("numpy_fork_pool.py"), NUMPY_FORK_POOL.as_bytes())?;
+    let mut j = job("numpy-fork-pool", dir, &[DEBIAN_PYTHON, "numpy_fork_pool.py", &n.to_string()], Canon::Stdout);
     one_thread(&mut j);
     Ok(j)
 }
