@@ -173,8 +173,8 @@ pub struct LoopState {
     /// The set count the loop runs at.
     pub set: u32,
     pub iterations: u32,
-    /// The last decision changed the size from this set count, after a loop of this time.
-    changed_from: Option<(u32, f64)>,
+    /// The last decision changed the size, after a loop of this time.
+    changed_after: Option<f64>,
     /// The last whole loop's time at each set count (`times[k]`: set count `1 << k`; 0: none).
     times: [f64; MAX_CANDIDATES],
     /// The running loop changed size midway (`decide_early`): its time is no size's.
@@ -189,7 +189,7 @@ impl LoopState {
         LoopState {
             set,
             iterations: 0,
-            changed_from: None,
+            changed_after: None,
             times: [0.0; MAX_CANDIDATES],
             mixed: false,
             pinned: false,
@@ -214,7 +214,7 @@ pub fn decide(cfg: &TunerConfig, state: &mut LoopState, touched: &Touched, time:
         state.times[cur.trailing_zeros() as usize] = time;
     }
     let fits = |s: u32| touched.at(s) <= cfg.local_units(s);
-    let (new, reason) = if let Some((_, before)) = state.changed_from.filter(|_| !state.pinned) {
+    let (new, reason) = if let Some(before) = state.changed_after.filter(|_| !state.pinned) {
         let thrashes_if_back = |to: u32| !fits(to) && (fits(cur) || state.windows);
         let back = if time > before * (1.0 + SLOWER_TOLERANCE) {
             fastest_larger(state, cur, |to| !thrashes_if_back(to))
@@ -233,7 +233,7 @@ pub fn decide(cfg: &TunerConfig, state: &mut LoopState, touched: &Touched, time:
     if reason == Reason::Revert {
         state.pinned = true;
     }
-    state.changed_from = (new != cur && reason != Reason::Revert).then_some((cur, time));
+    state.changed_after = (new != cur && reason != Reason::Revert).then_some(time);
     let d = Decision {
         loop_id,
         iteration: state.iterations,
@@ -270,7 +270,7 @@ pub fn decide_early(
         return None;
     }
     state.set = new;
-    state.changed_from = None;
+    state.changed_after = None;
     state.mixed = true;
     Some(Decision {
         loop_id,
@@ -417,7 +417,8 @@ mod tests {
         let mut st = LoopState::new(8);
         decide_early(&c, &mut st, &sparse(1280), 0.5, 0).expect("thrashing: 128 → 64 midway");
         decide(&c, &mut st, &sparse(2500), 1.0, 0); // 64 → 32 after a loop of both sizes
-                                                    // Much slower, but no larger size has run a whole loop: nothing to go back to.
+
+        // Much slower, but no larger size has run a whole loop: nothing to go back to.
         let d = decide(&c, &mut st, &sparse(5000), 9.0, 0);
         assert_eq!((d.reason, d.new_size), (Reason::Shrink, 16 << 10));
     }
