@@ -162,6 +162,8 @@ fn run_program(
     anyhow::ensure!(pace > 0.0 && pace <= 1.0, "--pace {pace} must be in (0, 1]");
     anyhow::ensure!((0.0..=86_400.0).contains(&pace_ramp), "--pace-ramp {pace_ramp} must be 0 to 86400 seconds");
     crate::elf::ensure_preloadable(&program[0])?;
+    // Tracking faults are served the same way (the kernel reading a tracked page of a buffer).
+    crate::run::ensure_kernel_faults_served()?;
     let lib = crate::run::libpagewise()?;
     let shim = crate::run::EmbeddedFile::write(crate::run::SHIM, "libpagewise_preload.so")?;
     let preload = match std::env::var("LD_PRELOAD") {

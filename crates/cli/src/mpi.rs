@@ -91,6 +91,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let launcher = plan::detect_launcher(&env)?;
     // Every rank checks every option, so a bad flag fails the whole job alike.
     a.dlm.check()?;
+    crate::run::ensure_kernel_faults_served()?;
     let capacity = CapacityFlag::parse(&a.server_capacity)?;
     let network = a.network.as_deref().map(plan::parse_network).transpose()?;
     let pmix = Pmix::init()?;

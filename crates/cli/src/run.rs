@@ -275,6 +275,22 @@ impl EmbeddedFile {
     }
 }
 
+/// Refuse, before the program starts, to run it where its routed memory would break its system
+/// calls. The shim's fault handler serves the faults the kernel takes on the program's behalf
+/// (a read(2) into a page on a server), and only a userfaultfd opened without
+/// UFFD_USER_MODE_ONLY sees those: with vm.unprivileged_userfaultfd = 0 an ordinary user gets
+/// the other kind, and the program's read(2) would fail with EFAULT.
+pub(crate) fn ensure_kernel_faults_served() -> Result<()> {
+    pagewise_kernel::uffd::serves_kernel_faults().map_err(|e| {
+        anyhow::anyhow!(
+            "this user can open only a userfaultfd that ignores the kernel's own accesses ({e}), \
+             so a read(2) into the program's routed memory would fail with EFAULT; the program was not started. \
+             Run as root, give this user read-write access to /dev/userfaultfd (Linux 6.1+), \
+             or set `sysctl vm.unprivileged_userfaultfd=1`"
+        )
+    })
+}
+
 /// Check that every server accepts a connection and the secret, before the program starts.
 fn check_reachable(servers: &[String]) -> Result<()> {
     for (i, s) in servers.iter().enumerate() {
@@ -313,6 +329,7 @@ fn page_sizes(page: &str, max: &str) -> Result<(usize, u32, u32, bool)> {
 
 pub fn run(a: Args) -> Result<ExitCode> {
     a.dlm.check()?;
+    ensure_kernel_faults_served()?;
     let mut spawned = Vec::new();
     // Spawned servers get a secret of this run, handed to them and to the program in the
     // environment (never argv); given servers take the caller's PAGEWISE_DLM_SECRET.

@@ -256,3 +256,72 @@ fn the_next_run_removes_the_directory_of_a_killed_run() {
     assert!(next.status.success(), "{}", String::from_utf8_lossy(&next.stderr));
     assert!(!dir.exists(), "the next run left the killed run's {}", dir.display());
 }
+
+/// Whether uid 65534 may open a userfaultfd that serves the kernel's own accesses too: with
+/// vm.unprivileged_userfaultfd = 1, or through a /dev/userfaultfd it may read and write.
+fn nobody_gets_a_full_userfaultfd() -> bool {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let sysctl = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").is_ok_and(|v| v.trim() == "1");
+    let dev = std::fs::metadata("/dev/userfaultfd").is_ok_and(|m| {
+        let mode = m.permissions().mode();
+        (m.uid() == 65534 && mode & 0o600 == 0o600)
+            || (m.gid() == 65534 && mode & 0o060 == 0o060)
+            || mode & 0o006 == 0o006
+    });
+    sysctl || dev
+}
+
+/// An ordinary user (uid 65534) whose userfaultfd would ignore the kernel's own accesses — this
+/// machine kind: vm.unprivileged_userfaultfd = 0, /dev/userfaultfd root's — would see read(2)
+/// into routed memory fail with EFAULT (a Python `readinto` of a 64 MiB file did). So
+/// `pagewise run` and `pagewise hps run` refuse before the program starts, and say how to allow
+/// it; where that user may open a full userfaultfd, the program reads its file right.
+#[test]
+fn an_ordinary_user_gets_the_file_read_right_or_a_refusal_never_efault() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    ensure_libpagewise();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        pagewise_kernel::testing::skip("acting as another user needs root");
+        return;
+    }
+    let scratch = tempdir("unprivileged");
+    let dir = scratch.path();
+    // The other user needs to reach the binaries and to write its files.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let prog = compile("readfile", dir);
+    let bin = dir.join("pagewise");
+    std::fs::copy(pagewise(), &bin).unwrap();
+    std::fs::copy(pagewise().with_file_name("libpagewise.so"), dir.join("libpagewise.so")).unwrap();
+    let out_dir = dir.join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    std::os::unix::fs::chown(&out_dir, Some(65534), Some(65534)).unwrap();
+    let direct = Command::new(&prog).arg(out_dir.join("direct")).uid(65534).gid(65534).output().unwrap();
+    assert!(direct.status.success(), "readfile failed on its own: {direct:?}");
+    let allowed = nobody_gets_a_full_userfaultfd();
+    for (sub, file) in [(&["run", "--local-mem", "1M"][..], "run"), (&["hps", "run"][..], "hps")] {
+        let out = Command::new(&bin)
+            .args(sub)
+            .args(["--min-alloc", "256K", "--"])
+            .arg(&prog)
+            .arg(out_dir.join(file))
+            .env("TMPDIR", "/tmp")
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        if allowed {
+            assert!(out.status.success(), "{sub:?} as uid 65534: {err}");
+            assert_eq!(out.stdout, direct.stdout, "{sub:?}: {err}");
+        } else {
+            assert!(!out.status.success(), "{sub:?} started the program as uid 65534:\n{err}");
+            assert!(out.stdout.is_empty(), "{sub:?} ran the program: {}", String::from_utf8_lossy(&out.stdout));
+            assert!(!out_dir.join(file).exists(), "{sub:?} ran the program");
+            for words in ["userfaultfd", "EFAULT", "was not started", "/dev/userfaultfd", "vm.unprivileged_userfaultfd"] {
+                assert!(err.contains(words), "{sub:?}: the refusal does not mention {words:?}: {err}");
+            }
+        }
+    }
+}

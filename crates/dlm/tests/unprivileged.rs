@@ -139,3 +139,22 @@ fn without_userfaultfd_the_sigsegv_fallback_is_chosen() {
         assert!(so.contains("MODE=sigsegv"), "{so}");
     }
 }
+
+/// The handler thread is there to serve the kernel's faults too (a read(2) into a page not
+/// resident): unprivileged, with only a user-mode-only descriptor to be had, it is refused
+/// rather than started to fail such reads with EFAULT.
+#[test]
+fn the_handler_thread_is_refused_a_user_mode_only_userfaultfd() {
+    if in_child() {
+        let servers: Vec<String> = std::env::var("DLM_TEST_SERVERS").unwrap().split(',').map(String::from).collect();
+        let cfg = Config { servers, local_mem: 1 << 20, fault_mode: FaultMode::HandlerThread, ..Config::default() };
+        match Dlm::init(cfg) {
+            Ok(d) => println!("STARTED mode={} USER_MODE_ONLY={}", d.stats().mode, d.stats().uffd_user_mode_only),
+            Err(e) => println!("REFUSED: {e}"),
+        }
+        return;
+    }
+    if let Some(so) = run("the_handler_thread_is_refused_a_user_mode_only_userfaultfd", false) {
+        assert!(so.contains("REFUSED: ") && so.contains("userfaultfd"), "{so}");
+    }
+}

@@ -293,6 +293,15 @@ fn open_raw(nonblocking: bool, user_mode_only: bool) -> Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Whether this process may open a userfaultfd that also serves the faults the kernel takes on
+/// its behalf (a read(2) into a registered range): one without UFFD_USER_MODE_ONLY. With
+/// vm.unprivileged_userfaultfd = 0 that takes CAP_SYS_PTRACE, or read-write access to
+/// /dev/userfaultfd (Linux 6.1); otherwise only a user-mode-only descriptor opens, and the
+/// kernel's own accesses to a missing page fail with EFAULT.
+pub fn serves_kernel_faults() -> Result<()> {
+    open_raw(false, false).map(drop)
+}
+
 /// The features and ioctls this kernel's userfaultfd offers (a handshake on a throwaway fd).
 pub fn api_info() -> Result<ApiInfo> {
     let fd = open_raw(false, false)?;

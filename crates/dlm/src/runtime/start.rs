@@ -23,7 +23,8 @@ use crate::transport::TcpTransport;
 /// Such a descriptor does not see faults taken inside the kernel (a read(2) into a missing DLM
 /// page gets EFAULT) — which the SIGBUS mode cannot serve anyway — so an unprivileged program
 /// still gets the userfaultfd path; PROT_NONE + SIGSEGV remains for kernels or sandboxes
-/// (e.g. container seccomp profiles) where userfaultfd cannot be opened at all.
+/// (e.g. container seccomp profiles) where userfaultfd cannot be opened at all. The handler
+/// thread gets no such fallback: serving the kernel's faults is what it is for.
 /// `kernel_features`: what the kernel's userfaultfd offers (queried once by the caller).
 fn open_uffd(mode: FaultMode, shmem: bool, kernel_features: u64) -> Result<(Uffd, bool), pagewise_kernel::Error> {
     let builder = |user_mode_only: bool| {
@@ -42,6 +43,9 @@ fn open_uffd(mode: FaultMode, shmem: bool, kernel_features: u64) -> Result<(Uffd
     };
     match builder(false).open() {
         Ok(u) => Ok((u, false)),
+        // The handler thread is there to serve the kernel's faults too (a read(2) into a unit
+        // not resident): a user-mode-only descriptor would fail those with EFAULT.
+        Err(first) if mode == FaultMode::HandlerThread => Err(first),
         Err(first) => builder(true).open().map(|u| (u, true)).map_err(|_| first),
     }
 }
