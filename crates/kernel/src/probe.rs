@@ -385,10 +385,14 @@ fn probe_uffd(root: bool) -> Feature {
                 format!(
                     "API handshake ok, {} features{}",
                     info.feature_names.len(),
-                    if root || sysctl == "1" {
-                        String::new()
-                    } else {
-                        "; non-root processes get the SIGSEGV fallback unless /dev/userfaultfd is accessible".into()
+                    match (root, sysctl == "1") {
+                        (_, true) => String::new(),
+                        (true, false) => "; other users get only the user-mode-only kind (vm.unprivileged_userfaultfd = 0), \
+                                          which `pagewise run` and `pagewise hps run` refuse unless /dev/userfaultfd is open to them"
+                            .into(),
+                        (false, false) => "; this user would get only the user-mode-only kind (vm.unprivileged_userfaultfd = 0), \
+                                           which `pagewise run` and `pagewise hps run` refuse unless /dev/userfaultfd is open to it"
+                            .into(),
                     }
                 ),
             )
