@@ -59,6 +59,9 @@ struct pw_arena {
      * before it runs on: [addr, addr+len), a routed range inherited still shared with the
      * parent, becomes plain private memory holding what it holds now. 0 or a negative errno. */
     int (*copy_in_child)(void *addr, size_t len);
+    /* Not inherited (MADV_DONTFORK), and a child made by fork(2) is to get a copy: the forking
+     * thread reads each routed range and the child receives it into plain memory (fork.c). */
+    int stream_to_child;
     /* The program `pagewise run` started is exiting (the shim's destructor; other threads may
      * still run): write what the run reports. Not called in the processes it execs. Memory
      * stays valid until the process is gone. */

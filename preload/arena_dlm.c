@@ -136,5 +136,6 @@ const struct pw_arena pw_arena_dlm = {
     .advise = dlm_arena_advise,
     .summary = dlm_arena_summary,
     .copy_in_child = NULL, /* MADV_DONTFORK: the pages may live on a server */
+    .stream_to_child = 1,
     .finish = dlm_arena_finish,
 };

@@ -21,13 +21,11 @@
  *   crates/capi/src/lib.rs) and its memory calls are raw system calls
  *   (crates/kernel/src/mem.rs); a thread-local depth sends whatever else happens while the
  *   shim works (libc's own allocations inside dlopen, getaddrinfo...) to glibc and the kernel.
- * - fork: the child stops routing and never calls into the parent's runtime. Where the arena
- *   can (HPS: `copy_in_child`), each routed range becomes the child's private copy before the
- *   child runs on, while the forking thread waits, so the child sees its parent's memory as
- *   fork(2) gives it; its blocks are then plain memory, unmapped when freed. DLM's areas are
- *   not inherited (MADV_DONTFORK: a child would see zeros where its parent's pages live on a
- *   server): the child forgets the routed ranges (their addresses are free in the child) and
- *   keeps knowing the blocks it owns, so that freeing one is a no-op, not a crash.
+ * - fork: the child stops routing and never calls into the parent's runtime. Each routed
+ *   range becomes the child's private copy before the child runs on (fork.c: HPS copies its
+ *   inherited memfds, DLM's parent streams its ranges to the child), so the child sees its
+ *   parent's memory as fork(2) gives it; its blocks are then plain memory, unmapped when
+ *   freed. The child forgets the routed ranges (their addresses are its plain memory).
  * - Exit: the destructor reports and stops new routing; memory stays valid while other
  *   threads run on through exit().
  */
@@ -235,9 +233,9 @@ static int free_block(void *p) {
     pw_ranges_remove(&pw_blocks, b.start, b.end);
     atomic_store(&nblocks, pw_blocks.n);
     if (atomic_load(&pw_state) == S_CHILD) {
-        /* The child's own copy (copy_in_child), plain memory: unmapped. Else not here
+        /* The child's own copy (fork.c), plain memory: unmapped. Else not here
          * (MADV_DONTFORK): nothing to give back. */
-        if (pw_arena->copy_in_child)
+        if (pw_child_has_copies)
             pw_sys_munmap((void *)b.start, b.end - b.start);
         pthread_mutex_unlock(&pw_lock);
         return 1;
@@ -407,56 +405,15 @@ PW_EXPORT void *pvalloc(size_t n) { return memalign(PW_PAGE, pw_page_up(n)); }
 
 /* ---- start, fork, exit ---- */
 
-/* The child tells the forking thread it has copied the routed ranges (a pipe; -1: no wait). */
-static int copied[2] = {-1, -1};
+static void prepare(void) { pw_fork_prepare(); }
 
-static void prepare(void) {
-    pthread_mutex_lock(&pw_lock);
-    if (pw_arena && pw_arena->copy_in_child && pw_routed.n > 0 && pipe2(copied, O_CLOEXEC) != 0)
-        copied[0] = copied[1] = -1;
-}
-
-static void parent(void) {
-    int done = copied[0];
-    if (copied[1] >= 0)
-        close(copied[1]);
-    copied[0] = copied[1] = -1;
-    pthread_mutex_unlock(&pw_lock);
-    /* Until the child has its copy, this thread must not write what the child copies. One
-     * byte, or end of file if the child died first. */
-    if (done >= 0) {
-        char c;
-        while (read(done, &c, 1) < 0 && errno == EINTR) {
-        }
-        close(done);
-    }
-}
+static void parent(void) { pw_fork_parent(); }
 
 static void child(void) {
     int on = S_ON, down = S_DOWN;
     if (!atomic_compare_exchange_strong(&pw_state, &on, S_CHILD))
         atomic_compare_exchange_strong(&pw_state, &down, S_CHILD);
-    if (pw_arena && pw_arena->copy_in_child) {
-        for (size_t i = 0; i < pw_routed.n; i++) {
-            struct pw_range r = pw_routed.v[i];
-            int rc = pw_arena->copy_in_child((void *)r.start, r.end - r.start);
-            if (rc < 0) {
-                /* Not the parent's memory to write into: gone from the child, which then
-                 * faults where it reads it (SIGSEGV), never corrupting its parent. */
-                pw_note("pagewise: a child made by fork(2) could not copy %zu MiB of its parent's memory at %p "
-                        "(%s): it is not there in the child\n",
-                        (size_t)(r.end - r.start) >> 20, (void *)r.start, strerror(-rc));
-                pw_sys_munmap((void *)r.start, r.end - r.start);
-            }
-        }
-        if (copied[1] >= 0)
-            (void)!write(copied[1], "", 1);
-    }
-    if (copied[0] >= 0)
-        close(copied[0]);
-    if (copied[1] >= 0)
-        close(copied[1]);
-    copied[0] = copied[1] = -1;
+    pw_fork_child();
     /* The routed ranges and reservations are the child's plain memory now, or not here: their
      * addresses are the child's to use. The blocks stay known (free_block). */
     pw_ranges_clear(&pw_routed);

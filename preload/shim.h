@@ -38,6 +38,12 @@ extern struct pw_ranges pw_routed, pw_reserved, pw_blocks;
  * not the arena's skip the lock altogether. */
 extern _Atomic size_t pw_tracked;
 void pw_tables_changed(void);
+/* fork(2) (fork.c): the handlers' halves that copy the routed ranges into a child, and whether
+ * this child holds such copies (its blocks are then plain memory, unmapped when freed). */
+void pw_fork_prepare(void);
+void pw_fork_parent(void);
+void pw_fork_child(void);
+extern int pw_child_has_copies;
 
 extern _Atomic unsigned long pw_routed_count, pw_fallbacks;
 /* Bytes routed over the run, and the most routed at once. */

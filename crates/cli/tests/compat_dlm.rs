@@ -121,6 +121,22 @@ fn numpy_fft_matmul_and_sort_give_the_same_digests() {
     same_output_on_dlm(&job, SHARE);
 }
 
+/// Python's multiprocessing with the fork start method: the workers read the parent's array,
+/// most of it on the server (8 MiB of local memory for 32 MiB). Each worker gets a copy its
+/// parent streams to it at the fork (preload/fork.c); before, each died of SIGSEGV on the
+/// array and the pool started new ones forever.
+#[test]
+fn a_multiprocessing_pool_started_by_fork_reads_the_parents_array() {
+    if !installed(jobs::DEBIAN_PYTHON, &["-c", "import numpy"]) {
+        return;
+    }
+    let d = scratch("dlm-numpy-fork");
+    let job = jobs::numpy_fork_pool(d.path(), 4_000_000).unwrap();
+    let (plain, want) = run_plain(&job);
+    let run = same_as_plain(&job, &plain, &want, &dlm_with(8 << 20, None), "dlm");
+    assert_travelled(&run.stderr, &job.name);
+}
+
 #[test]
 fn sqlite3_answers_the_same() {
     if !installed("sqlite3", &["--version"]) {
@@ -182,6 +198,58 @@ fn memcached_keeps_every_value() {
 #[test]
 fn redis_with_jemalloc_keeps_every_value() {
     server_keeps_every_value(Kind::Redis, "redis-server", &["--version"]);
+}
+
+/// redis's BGSAVE forks a child that writes the dataset from its parent's memory, most of it on
+/// the server here: the child gets a copy its parent streams to it (preload/fork.c). A plain
+/// redis-server started on the snapshot holds every value. Before, the child died of SIGSEGV
+/// and redis, its snapshot failed, refused writes.
+#[test]
+fn redis_bgsave_writes_a_snapshot_with_every_value() {
+    if !installed("redis-server", &["--version"]) || !installed("redis-cli", &["--version"]) {
+        return;
+    }
+    ensure_libpagewise();
+    let d = scratch("dlm-redis-bgsave");
+    let s = servers::start(Kind::Redis, &pagewise(), &dlm_with(SERVER_LOCAL_MEM, None), 256, d.path()).unwrap();
+    let (records, value) = (20_000, 1000);
+    let filled = servers::fill(Kind::Redis, &s.addr, records, value);
+    let port = s.addr.rsplit(':').next().unwrap().to_string();
+    let cli = |args: &[&str]| {
+        let o = std::process::Command::new("redis-cli").args(["-p", &port]).args(args).output().unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let mut status = String::new();
+    if filled.is_ok() {
+        cli(&["bgsave"]);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while std::time::Instant::now() < deadline {
+            status = cli(&["info", "persistence"]);
+            // The child was forked before BGSAVE's reply: in progress until it has written.
+            if status.contains("rdb_bgsave_in_progress:0") {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+    let err = s.stop().unwrap();
+    filled.unwrap_or_else(|e| panic!("redis: {e:#}\n{}", tail(&err)));
+    assert!(status.contains("rdb_last_bgsave_status:ok"), "BGSAVE failed:\n{status}\n{}", tail(&err));
+    assert_travelled(&err, "redis");
+    let plain = servers::start(Kind::Redis, &pagewise(), &Wrap::Plain, 256, d.path()).unwrap();
+    let plain_port = plain.addr.rsplit(':').next().unwrap().to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        let o =
+            std::process::Command::new("redis-cli").args(["-p", &plain_port, "info", "persistence"]).output().unwrap();
+        if String::from_utf8_lossy(&o.stdout).contains("\r\nloading:0") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let checked = servers::check_all(Kind::Redis, &plain.addr, records, value);
+    let plain_err = plain.stop().unwrap();
+    checked.unwrap_or_else(|e| panic!("the snapshot: {e:#}\n{}", tail(&plain_err)));
 }
 
 /// A JVM with a 128 MiB heap (serial GC) fills 48 MiB of arrays and sums them in scattered

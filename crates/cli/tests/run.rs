@@ -1,7 +1,7 @@
 //! `pagewise run` on unmodified C programs (tests/run/*.c): each gives the same output with
 //! and without DLM underneath, with a local limit well below its data so pages really travel
 //! to and from a memory server — a matrix multiply and a stencil on malloc'd arrays, a large
-//! static array under --bss, fork + exec, threads, read(2)/fread into DLM memory, and
+//! static array under --bss, fork + exec, fork without exec, threads, read(2)/fread into DLM memory, and
 //! reservations unmapped, moved from and committed as the kernel keeps their mappings. Also:
 //! unreachable servers are reported before the program starts, a program with no eligible
 //! allocation runs normally with a warning, the tuner's decisions are the started
@@ -75,6 +75,15 @@ fn reservations_are_kept_as_the_kernel_keeps_their_mappings() {
 #[test]
 fn fork_and_exec_leave_parent_and_child_correct() {
     same_output("forkexec", &[], |_| vec![]);
+}
+
+/// A child made by fork (no exec) reads its parent's memory, most of it on the server (1 MiB
+/// of local memory for 48 MiB), as it was at the fork, and each side keeps its own writes: the
+/// parent streams the routed ranges to the child (preload/fork.c). Before, the child died of
+/// SIGSEGV.
+#[test]
+fn a_forked_child_sees_its_parents_memory_and_each_keeps_its_own_writes() {
+    same_output("forkread", &[], |_| vec![]);
 }
 
 #[test]
@@ -319,7 +328,8 @@ fn an_ordinary_user_gets_the_file_read_right_or_a_refusal_never_efault() {
             assert!(!out.status.success(), "{sub:?} started the program as uid 65534:\n{err}");
             assert!(out.stdout.is_empty(), "{sub:?} ran the program: {}", String::from_utf8_lossy(&out.stdout));
             assert!(!out_dir.join(file).exists(), "{sub:?} ran the program");
-            for words in ["userfaultfd", "EFAULT", "was not started", "/dev/userfaultfd", "vm.unprivileged_userfaultfd"] {
+            for words in ["userfaultfd", "EFAULT", "was not started", "/dev/userfaultfd", "vm.unprivileged_userfaultfd"]
+            {
                 assert!(err.contains(words), "{sub:?}: the refusal does not mention {words:?}: {err}");
             }
         }

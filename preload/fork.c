@@ -1,0 +1,252 @@
+/* fork(2) under the shim: a child sees its parent's routed memory as it was at the fork, and
+ * keeps its own writes, as Linux gives for private anonymous memory.
+ *
+ * The child never calls into its parent's runtime (its threads are not in the child). How it
+ * gets the routed ranges depends on the arena:
+ * - HPS (`copy_in_child`): the arenas are memfds, inherited still shared; the child turns each
+ *   routed range into its private copy while the forking thread waits on a pipe.
+ * - DLM (`stream_to_child`): the areas are not inherited (MADV_DONTFORK: a child would see
+ *   zeros where its parent's pages live on a server). The forking thread sends each range's
+ *   bytes over a socket pair — reading its own memory, so the parent's runtime fetches what is
+ *   on a server as for any read(2) — and the child receives them into fresh plain memory moved
+ *   over the range (mremap).
+ * Either way the copy is eager, where the kernel would copy on write: the child holds every
+ * byte of the routed ranges (DLM: holes included), so the copy is made only when that fits in
+ * half the memory available; otherwise the child goes without (it faults where it reads the
+ * parent's memory) and says so. The child's blocks are then plain memory, unmapped when freed.
+ * Writes other threads of the parent make during the copy may show in the child.
+ *
+ * A forked child also gets the program's CPUs back when its parent was pinned to one CPU with
+ * the runtime's handler (docs/dlm.md, "The handler keeps the program company"): the child has
+ * no handler to keep it company. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "shim.h"
+
+extern void *__libc_malloc(size_t);
+extern void __libc_free(void *);
+
+enum fork_plan { FORK_NONE, FORK_COPY, FORK_STREAM };
+
+/* Decided in prepare (the parent, pw_lock held), seen by both sides after the fork. */
+static enum fork_plan plan = FORK_NONE;
+/* FORK_COPY: a pipe, the child writes one byte when done. FORK_STREAM: a socket pair, [0] the
+ * parent's end. */
+static int link_fd[2] = {-1, -1};
+/* FORK_STREAM: the routed ranges at the fork, for the parent, which streams them after it has
+ * let go of pw_lock (the child has the same in pw_routed). */
+static struct pw_range *snapshot;
+static size_t snapshot_n;
+/* Bytes the child would have copied when the plan was FORK_NONE for want of memory. */
+static size_t declined_bytes;
+
+int pw_child_has_copies;
+
+/* MemAvailable in bytes, or 0 when /proc/meminfo cannot be read. */
+static size_t mem_available(void) {
+    char buf[4096];
+    int fd = open("/proc/meminfo", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    const char *p = strstr(buf, "MemAvailable:");
+    return p ? (size_t)strtoull(p + strlen("MemAvailable:"), NULL, 10) << 10 : 0;
+}
+
+void pw_fork_prepare(void) {
+    pthread_mutex_lock(&pw_lock);
+    plan = FORK_NONE;
+    declined_bytes = 0;
+    if (!pw_arena || pw_routed.n == 0 || atomic_load(&pw_state) != S_ON)
+        return;
+    size_t total = 0;
+    for (size_t i = 0; i < pw_routed.n; i++)
+        total += pw_routed.v[i].end - pw_routed.v[i].start;
+    if (pw_arena->copy_in_child) {
+        /* Only pages in memory are copied: bounded by what the parent holds already. */
+        if (pipe2(link_fd, O_CLOEXEC) == 0)
+            plan = FORK_COPY;
+    } else if (pw_arena->stream_to_child) {
+        if (total > mem_available() / 2) {
+            declined_bytes = total;
+            return;
+        }
+        snapshot = __libc_malloc(pw_routed.n * sizeof *snapshot);
+        if (!snapshot)
+            return;
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, link_fd) != 0) {
+            __libc_free(snapshot);
+            snapshot = NULL;
+            return;
+        }
+        memcpy(snapshot, pw_routed.v, pw_routed.n * sizeof *snapshot);
+        snapshot_n = pw_routed.n;
+        plan = FORK_STREAM;
+    }
+}
+
+/* Send [p, p+len) whole; a page another thread unmapped meanwhile (EFAULT) goes as zeros, so
+ * the child's ranges stay in step. 0, or -1 when the child is gone. */
+static int send_range(int fd, const char *p, size_t len) {
+    static const char zeros[PW_PAGE];
+    for (size_t at = 0; at < len;) {
+        size_t n = len - at < (1UL << 20) ? len - at : (1UL << 20);
+        ssize_t k = send(fd, p + at, n, MSG_NOSIGNAL);
+        if (k < 0 && errno == EFAULT) {
+            n = PW_PAGE - ((uintptr_t)(p + at) & (PW_PAGE - 1));
+            for (size_t z = 0; z < n;) {
+                k = send(fd, zeros, n - z, MSG_NOSIGNAL);
+                if (k < 0 && errno == EINTR)
+                    continue;
+                if (k <= 0)
+                    return -1;
+                z += (size_t)k;
+            }
+            at += n;
+        } else if (k > 0) {
+            at += (size_t)k;
+        } else if (!(k < 0 && errno == EINTR)) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+void pw_fork_parent(void) {
+    enum fork_plan p = plan;
+    int fd = link_fd[0];
+    if (link_fd[1] >= 0)
+        close(link_fd[1]);
+    link_fd[0] = link_fd[1] = -1;
+    plan = FORK_NONE;
+    struct pw_range *ranges = snapshot;
+    size_t n = snapshot_n;
+    snapshot = NULL;
+    snapshot_n = 0;
+    pthread_mutex_unlock(&pw_lock);
+    if (fd < 0)
+        return;
+    if (p == FORK_STREAM) {
+        /* Reading its own memory: what is on a server is fetched as for any read(2). */
+        for (size_t i = 0; i < n && send_range(fd, (const char *)ranges[i].start, ranges[i].end - ranges[i].start) == 0;
+             i++) {
+        }
+        __libc_free(ranges);
+    } else {
+        /* Until the child has its copy, this thread must not write what the child copies. One
+         * byte, or end of file if the child died first. */
+        char c;
+        while (read(fd, &c, 1) < 0 && errno == EINTR) {
+        }
+    }
+    close(fd);
+}
+
+/* Receive len bytes into fresh plain memory and move it over [start, start+len). 0 or a
+ * negative errno (then nothing of the range is there). */
+static int receive_range(int fd, uintptr_t start, size_t len) {
+    char *copy = pw_sys_mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (copy == MAP_FAILED)
+        return -errno;
+    for (size_t at = 0; at < len;) {
+        ssize_t k = recv(fd, copy + at, len - at, 0);
+        if (k > 0) {
+            at += (size_t)k;
+        } else if (!(k < 0 && errno == EINTR)) {
+            int e = k == 0 ? EPIPE : errno;
+            pw_sys_munmap(copy, len);
+            return -e;
+        }
+    }
+    if (pw_sys_mremap(copy, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)start) == MAP_FAILED) {
+        int e = errno;
+        pw_sys_munmap(copy, len);
+        return -e;
+    }
+    return 0;
+}
+
+/* The program's CPUs (PAGEWISE_PROGRAM_CPUS, a list such as "0-1,4") back, when this child
+ * inherited a mask of exactly one CPU that is not all of them (a mask the user chose stays). */
+static void widen_inherited_mask(void) {
+    const char *list = getenv("PAGEWISE_PROGRAM_CPUS");
+    cpu_set_t now, want;
+    if (!list || sched_getaffinity(0, sizeof now, &now) != 0 || CPU_COUNT(&now) != 1)
+        return;
+    CPU_ZERO(&want);
+    for (const char *p = list; *p;) {
+        char *end;
+        unsigned long lo = strtoul(p, &end, 10), hi = lo;
+        if (end == p)
+            return;
+        if (*end == '-')
+            hi = strtoul(end + 1, &end, 10);
+        for (unsigned long c = lo; c <= hi && c < CPU_SETSIZE; c++)
+            CPU_SET(c, &want);
+        p = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',')
+            return;
+    }
+    cpu_set_t both;
+    CPU_AND(&both, &now, &want);
+    if (CPU_COUNT(&want) > 1 && CPU_COUNT(&both) == 1)
+        sched_setaffinity(0, sizeof want, &want);
+}
+
+/* Called by the shim's child handler, pw_lock held, before it forgets the routed ranges. */
+void pw_fork_child(void) {
+    widen_inherited_mask();
+    pw_child_has_copies = plan != FORK_NONE;
+    if (plan == FORK_STREAM && link_fd[0] >= 0) {
+        /* The parent's end: closed here, so the parent's death ends the stream. */
+        close(link_fd[0]);
+        link_fd[0] = -1;
+    }
+    for (size_t i = 0; plan != FORK_NONE && i < pw_routed.n; i++) {
+        struct pw_range r = pw_routed.v[i];
+        int rc = plan == FORK_COPY     ? pw_arena->copy_in_child((void *)r.start, r.end - r.start)
+                 : link_fd[1] >= 0     ? receive_range(link_fd[1], r.start, r.end - r.start)
+                                       : -EPIPE;
+        if (rc < 0) {
+            /* Not the parent's memory to write into: gone from the child, which then faults
+             * where it reads it (SIGSEGV), never corrupting its parent. */
+            pw_note("pagewise: a child made by fork(2) could not copy %zu MiB of its parent's memory at %p (%s): "
+                    "it is not there in the child\n",
+                    (size_t)(r.end - r.start) >> 20, (void *)r.start, strerror(-rc));
+            if (plan == FORK_COPY)
+                pw_sys_munmap((void *)r.start, r.end - r.start);
+            if (plan == FORK_STREAM && link_fd[1] >= 0) {
+                /* The stream is out of step: nothing more comes. */
+                close(link_fd[1]);
+                link_fd[1] = -1;
+            }
+        }
+    }
+    if (declined_bytes)
+        pw_note("pagewise: a child made by fork(2) does not get a copy of its parent's %zu MiB of %s memory "
+                "(more than half the memory available): it faults where it reads that memory\n",
+                declined_bytes >> 20, pw_arena->name);
+    if (plan == FORK_COPY && link_fd[1] >= 0)
+        (void)!write(link_fd[1], "", 1);
+    for (int i = 0; i < 2; i++)
+        if (link_fd[i] >= 0)
+            close(link_fd[i]);
+    link_fd[0] = link_fd[1] = -1;
+    if (snapshot)
+        __libc_free(snapshot);
+    snapshot = NULL;
+    plan = FORK_NONE;
+}
