@@ -8,8 +8,8 @@
  * - DLM (`stream_to_child`): the areas are not inherited (MADV_DONTFORK: a child would see
  *   zeros where its parent's pages live on a server). The forking thread sends each range's
  *   bytes over a socket pair — reading its own memory, so the parent's runtime fetches what is
- *   on a server as for any read(2) — and the child receives them into fresh plain memory moved
- *   over the range (mremap).
+ *   on a server as for any read(2) — and the child receives them into fresh plain memory
+ *   mapped over the range.
  * Either way the copy is eager, where the kernel would copy on write: the child holds every
  * byte of the routed ranges (DLM: holes included), so the copy is made only when that fits in
  * half the memory available; otherwise the child goes without (it faults where it reads the
@@ -155,10 +155,11 @@ void pw_fork_parent(void) {
     close(fd);
 }
 
-/* Receive len bytes into fresh plain memory and move it over [start, start+len). 0 or a
+/* Receive len bytes into fresh plain memory at [start, start+len): whatever the child has
+ * there is what fork(2) left of the parent's routed range, which the copy replaces. 0 or a
  * negative errno (then nothing of the range is there). */
 static int receive_range(int fd, uintptr_t start, size_t len) {
-    char *copy = pw_sys_mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char *copy = pw_sys_mmap((void *)start, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
     if (copy == MAP_FAILED)
         return -errno;
     for (size_t at = 0; at < len;) {
@@ -170,11 +171,6 @@ static int receive_range(int fd, uintptr_t start, size_t len) {
             pw_sys_munmap(copy, len);
             return -e;
         }
-    }
-    if (pw_sys_mremap(copy, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)start) == MAP_FAILED) {
-        int e = errno;
-        pw_sys_munmap(copy, len);
-        return -e;
     }
     return 0;
 }
