@@ -13,7 +13,8 @@
  * Either way the copy is eager, where the kernel would copy on write: the child holds every
  * byte of the routed ranges (DLM: holes included), so the copy is made only when that fits in
  * half the memory available; otherwise the child goes without (it faults where it reads the
- * parent's memory) and says so. The child's blocks are then plain memory, unmapped when freed.
+ * parent's memory) and says so. `--on-fork none` turns copies off, for programs that fork only
+ * to exec: each such fork would otherwise wait for a copy the exec throws away. The child's blocks are then plain memory, unmapped when freed.
  * Writes other threads of the parent make during the copy may show in the child.
  *
  * A forked child also gets the program's CPUs back when its parent was pinned to one CPU with
@@ -50,6 +51,17 @@ static size_t snapshot_n;
 static size_t declined_bytes;
 
 int pw_child_has_copies;
+/* `--on-fork none` (PAGEWISE_PRELOAD_FORK=none): a child gets no copy; fork returns at once. */
+static int copies_off;
+
+void pw_fork_configure(const char *mode) {
+    if (!mode || strcmp(mode, "copy") == 0)
+        return;
+    if (strcmp(mode, "none") == 0)
+        copies_off = 1;
+    else
+        pw_note("pagewise: PAGEWISE_PRELOAD_FORK=%s is neither `copy` nor `none`: children get a copy\n", mode);
+}
 
 /* MemAvailable in bytes, or 0 when /proc/meminfo cannot be read. */
 static size_t mem_available(void) {
@@ -70,7 +82,7 @@ void pw_fork_prepare(void) {
     pthread_mutex_lock(&pw_lock);
     plan = FORK_NONE;
     declined_bytes = 0;
-    if (!pw_arena || pw_routed.n == 0 || atomic_load(&pw_state) != S_ON)
+    if (!pw_arena || pw_routed.n == 0 || atomic_load(&pw_state) != S_ON || copies_off)
         return;
     size_t total = 0;
     for (size_t i = 0; i < pw_routed.n; i++)
@@ -230,6 +242,12 @@ void pw_fork_child(void) {
                 link_fd[1] = -1;
             }
         }
+    }
+    if (plan == FORK_NONE && pw_arena->copy_in_child) {
+        /* Inherited still shared with the parent (HPS's memfds), and no copy made: gone from
+         * the child, which faults where it reads it, never writing into its parent's memory. */
+        for (size_t i = 0; i < pw_routed.n; i++)
+            pw_sys_munmap((void *)pw_routed.v[i].start, pw_routed.v[i].end - pw_routed.v[i].start);
     }
     if (declined_bytes)
         pw_note("pagewise: a child made by fork(2) does not get a copy of its parent's %zu MiB of %s memory "

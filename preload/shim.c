@@ -465,6 +465,7 @@ __attribute__((constructor)) static void shim_init(void) {
         return;
     }
     owner = getpid();
+    pw_fork_configure(getenv("PAGEWISE_PRELOAD_FORK"));
     pthread_atfork(prepare, parent, child);
     atomic_store(&pw_state, S_ON);
     pw_in_shim--;

@@ -41,6 +41,8 @@ void pw_tables_changed(void);
 /* fork(2) (fork.c): the handlers' halves that copy the routed ranges into a child, and whether
  * this child holds such copies (its blocks are then plain memory, unmapped when freed). */
 void pw_fork_prepare(void);
+/* PAGEWISE_PRELOAD_FORK: `copy` (NULL too) or `none`. */
+void pw_fork_configure(const char *mode);
 void pw_fork_parent(void);
 void pw_fork_child(void);
 extern int pw_child_has_copies;

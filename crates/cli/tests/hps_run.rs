@@ -433,6 +433,27 @@ fn a_forked_child_sees_its_parents_memory_and_each_keeps_its_own_writes() {
     assert_eq!(routed_allocations(&err), 2, "the malloc'd and the mmap'd memory were not routed:\n{err}");
 }
 
+/// `--on-fork none`: no copy; the child's routed ranges are gone (never its parent's memory,
+/// shared), so the child faults where it reads them, and the parent is unharmed.
+#[test]
+fn with_no_copy_on_fork_a_child_reading_its_parents_memory_faults_and_the_parent_is_unharmed() {
+    ensure_libpagewise();
+    let scratch = tempdir("hps-forkread-none");
+    let prog = compile("forkread", scratch.path());
+    let run = Command::new(pagewise())
+        .args(["hps", "run", "--min-alloc", "1M", "--on-fork", "none", "--"])
+        .arg(&prog)
+        .output()
+        .expect("pagewise hps run");
+    let err = String::from_utf8_lossy(&run.stderr);
+    if let Some(line) = arena_unavailable(&err) {
+        pagewise_kernel::testing::skip(format!("HPS cannot start here: {line}"));
+        return;
+    }
+    assert_eq!(String::from_utf8_lossy(&run.stdout), "parent errors 0, child signal 11\n", "{err}");
+    assert_eq!(routed_allocations(&err), 2, "the malloc'd and the mmap'd memory were not routed:\n{err}");
+}
+
 #[test]
 fn packed_blocks_freed_and_reallocated_keep_their_content() {
     let Some((direct, run, err)) = direct_and_under_hps("pieces", &[], &[]) else { return };

@@ -86,6 +86,19 @@ fn a_forked_child_sees_its_parents_memory_and_each_keeps_its_own_writes() {
     same_output("forkread", &[], |_| vec![]);
 }
 
+/// `--on-fork none`: fork + exec as plain (`forkexec`); a child that reads its parent's DLM
+/// memory faults, and the parent is unharmed.
+#[test]
+fn with_no_copy_on_fork_exec_works_and_a_child_reading_its_parents_memory_faults() {
+    same_output("forkexec", &["--on-fork", "none"], |_| vec![]);
+    ensure_libpagewise();
+    let scratch = tempdir("forkread-none");
+    let prog = compile("forkread", scratch.path());
+    let run = under_run(&["--local-mem", "1M", "--min-alloc", "256K", "--on-fork", "none"], &prog, &[]);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(String::from_utf8_lossy(&run.stdout), "parent errors 0, child signal 11\n", "{err}");
+}
+
 #[test]
 fn threads_give_the_same_result() {
     same_output("threads", &["--spawn-servers", "2"], |_| vec![]);
