@@ -62,6 +62,10 @@ struct pw_arena {
     /* Not inherited (MADV_DONTFORK), and a child made by fork(2) is to get a copy: the forking
      * thread reads each routed range and the child receives it into plain memory (fork.c). */
     int stream_to_child;
+    /* Optional (NULL: every page may): which pages of [addr, addr+len) (page-aligned, len at
+     * most 4096 pages) may hold data (vec[i] = 1) and which read as zeros for sure (0), as
+     * mincore(2) gives. 0 or a negative errno. */
+    int (*holds_data)(void *addr, size_t len, unsigned char *vec);
     /* The program `pagewise run` started is exiting (the shim's destructor; other threads may
      * still run): write what the run reports. Not called in the processes it execs. Memory
      * stays valid until the process is gone. */

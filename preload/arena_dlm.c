@@ -25,6 +25,7 @@ static int (*p_prefetch)(void *, size_t);
 static int (*p_set_access)(void *, size_t, int);
 static int (*p_finish)(void);
 static int (*p_stats)(struct dlm_stats *);
+static int (*p_holds_data)(void *, size_t, unsigned char *); /* optional: older libpagewise lacks it */
 
 #define SYM(var, name)                                                                                                 \
     do {                                                                                                               \
@@ -46,6 +47,7 @@ static int dlm_arena_init(void *lib) {
     SYM(p_set_access, "dlm_set_access");
     SYM(p_finish, "dlm_finish");
     SYM(p_stats, "dlm_stats");
+    *(void **)&p_holds_data = dlsym(lib, "dlm_holds_data");
     return p_init(NULL);
 }
 
@@ -122,6 +124,10 @@ static int dlm_arena_summary(char *buf, size_t n) {
     return 0;
 }
 
+static int dlm_arena_holds_data(void *addr, size_t len, unsigned char *vec) {
+    return p_holds_data ? p_holds_data(addr, len, vec) : -ENOSYS;
+}
+
 const struct pw_arena pw_arena_dlm = {
     .name = "dlm",
     .init = dlm_arena_init,
@@ -137,5 +143,6 @@ const struct pw_arena pw_arena_dlm = {
     .summary = dlm_arena_summary,
     .copy_in_child = NULL, /* MADV_DONTFORK: the pages may live on a server */
     .stream_to_child = 1,
+    .holds_data = dlm_arena_holds_data,
     .finish = dlm_arena_finish,
 };

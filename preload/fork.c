@@ -11,7 +11,8 @@
  *   on a server as for any read(2) — and the child receives them into fresh plain memory
  *   mapped over the range.
  * Either way the copy is eager, where the kernel would copy on write: the child holds every
- * byte of the routed ranges (DLM: holes included), so the copy is made only when that fits in
+ * page of the routed ranges that holds data (DLM: the runtime's `dlm_holds_data` says which
+ * read as zeros; those are neither fetched nor sent), so the copy is made only when the ranges fit in
  * half the memory available; otherwise the child goes without (it faults where it reads the
  * parent's memory) and says so. `--on-fork none` turns copies off, for programs that fork only
  * to exec: each such fork would otherwise wait for a copy the exec throws away. The child's blocks are then plain memory, unmapped when freed.
@@ -26,6 +27,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -110,9 +112,17 @@ void pw_fork_prepare(void) {
     }
 }
 
+/* The stream, range after range of the snapshot: extents, each a header followed by `len`
+ * bytes of the range when `data`; an extent without data reads as zeros (never written, or
+ * discarded: the arena's holds_data), and its bytes are neither read nor sent. */
+struct extent {
+    uint64_t len;
+    uint64_t data;
+};
+
 /* Send [p, p+len) whole; a page another thread unmapped meanwhile (EFAULT) goes as zeros, so
  * the child's ranges stay in step. 0, or -1 when the child is gone. */
-static int send_range(int fd, const char *p, size_t len) {
+static int send_bytes(int fd, const char *p, size_t len) {
     static const char zeros[PW_PAGE];
     for (size_t at = 0; at < len;) {
         size_t n = len - at < (1UL << 20) ? len - at : (1UL << 20);
@@ -137,6 +147,29 @@ static int send_range(int fd, const char *p, size_t len) {
     return 0;
 }
 
+/* Send [start, start+len) as extents, asking the arena which pages hold data a slice at a
+ * time (every page does, for an arena that cannot tell). 0, or -1 when the child is gone. */
+static int send_range(int fd, uintptr_t start, size_t len) {
+    unsigned char vec[4096];
+    const size_t slice = sizeof vec * PW_PAGE;
+    for (size_t at = 0; at < len; at += slice) {
+        size_t n = len - at < slice ? len - at : slice, pages = n / PW_PAGE;
+        if (!pw_arena->holds_data || pw_arena->holds_data((void *)(start + at), n, vec) != 0)
+            memset(vec, 1, pages);
+        for (size_t i = 0; i < pages;) {
+            size_t j = i;
+            while (j < pages && !vec[j] == !vec[i])
+                j++;
+            struct extent e = {(uint64_t)(j - i) * PW_PAGE, vec[i] != 0};
+            if (send_bytes(fd, (const char *)&e, sizeof e) != 0 ||
+                (e.data && send_bytes(fd, (const char *)(start + at + i * PW_PAGE), e.len) != 0))
+                return -1;
+            i = j;
+        }
+    }
+    return 0;
+}
+
 void pw_fork_parent(void) {
     enum fork_plan p = plan;
     int fd = link_fd[0];
@@ -153,8 +186,7 @@ void pw_fork_parent(void) {
         return;
     if (p == FORK_STREAM) {
         /* Reading its own memory: what is on a server is fetched as for any read(2). */
-        for (size_t i = 0; i < n && send_range(fd, (const char *)ranges[i].start, ranges[i].end - ranges[i].start) == 0;
-             i++) {
+        for (size_t i = 0; i < n && send_range(fd, ranges[i].start, ranges[i].end - ranges[i].start) == 0; i++) {
         }
         __libc_free(ranges);
     } else {
@@ -167,24 +199,39 @@ void pw_fork_parent(void) {
     close(fd);
 }
 
-/* Receive len bytes into fresh plain memory at [start, start+len): whatever the child has
- * there is what fork(2) left of the parent's routed range, which the copy replaces. 0 or a
- * negative errno (then nothing of the range is there). */
+/* Receive exactly n bytes. 0 or a negative errno (EPIPE: the parent is gone). */
+static int recv_all(int fd, char *p, size_t n) {
+    for (size_t at = 0; at < n;) {
+        ssize_t k = recv(fd, p + at, n - at, 0);
+        if (k > 0)
+            at += (size_t)k;
+        else if (!(k < 0 && errno == EINTR))
+            return k == 0 ? -EPIPE : -errno;
+    }
+    return 0;
+}
+
+/* Receive [start, start+len) into fresh plain memory mapped there: whatever the child has
+ * there is what fork(2) left of the parent's routed range, which the copy replaces; extents
+ * without data stay as the fresh mapping has them, zeros not yet in memory. 0 or a negative
+ * errno (then nothing of the range is there). */
 static int receive_range(int fd, uintptr_t start, size_t len) {
     char *copy = pw_sys_mmap((void *)start, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
     if (copy == MAP_FAILED)
         return -errno;
-    for (size_t at = 0; at < len;) {
-        ssize_t k = recv(fd, copy + at, len - at, 0);
-        if (k > 0) {
-            at += (size_t)k;
-        } else if (!(k < 0 && errno == EINTR)) {
-            int e = k == 0 ? EPIPE : errno;
-            pw_sys_munmap(copy, len);
-            return -e;
-        }
+    int rc = 0;
+    for (size_t at = 0; at < len && rc == 0;) {
+        struct extent e;
+        rc = recv_all(fd, (char *)&e, sizeof e);
+        if (rc == 0 && (e.len == 0 || e.len > len - at || e.len % PW_PAGE))
+            rc = -EPROTO;
+        if (rc == 0 && e.data)
+            rc = recv_all(fd, copy + at, e.len);
+        at += e.len;
     }
-    return 0;
+    if (rc < 0)
+        pw_sys_munmap(copy, len);
+    return rc;
 }
 
 /* The program's CPUs (PAGEWISE_PROGRAM_CPUS, a list such as "0-1,4") back, when this child

@@ -127,6 +127,10 @@ long dlm_alloc_at(void *addr, size_t len);
  * dlm_set_access  MADV_NORMAL (0) / MADV_SEQUENTIAL (1) / MADV_RANDOM (2) for the areas
  *               overlapping the range: read-ahead after a sequential run (the default), from
  *               the first fault, or none.
+ * dlm_holds_data  which 4 KiB pages of the range may hold data (vec[i] = 1) and which read as
+ *               zeros for sure (0: never written, or discarded), one byte a page as
+ *               mincore(2) gives (vec: len / 4096 bytes, rounded up); -EOPNOTSUPP when the
+ *               base page is larger.
  * fork(2): DLM memory is not inherited (MADV_DONTFORK): a child would otherwise see zeros
  * where its parent's pages live on a server. In a child every dlm_* call but dlm_init
  * returns -ECHILD and never touches the parent's connections; the child may dlm_init a
@@ -137,6 +141,7 @@ int dlm_forget(void *addr, size_t len);
 int dlm_detach(void *addr, size_t len);
 int dlm_prefetch(void *addr, size_t len);
 int dlm_set_access(void *addr, size_t len, int access);
+int dlm_holds_data(void *addr, size_t len, unsigned char *vec);
 /* The process is about to exit: write the decisions to PAGEWISE_DLM_DECISIONS. DLM memory
  * stays valid until the process ends. */
 int dlm_finish(void);

@@ -433,6 +433,14 @@ fn a_forked_child_sees_its_parents_memory_and_each_keeps_its_own_writes() {
     assert_eq!(routed_allocations(&err), 2, "the malloc'd and the mmap'd memory were not routed:\n{err}");
 }
 
+/// A forked child holds about what its parent wrote of a large block: holes are not copied.
+#[test]
+fn a_forked_child_gets_no_copy_of_never_written_memory() {
+    let Some((direct, run, err)) = direct_and_under_hps("forkholes", &[], &[]) else { return };
+    assert_eq!(String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&direct.stdout), "{err}");
+    assert!(String::from_utf8_lossy(&direct.stdout).contains("holds little"));
+}
+
 /// `--on-fork none`: no copy; the child's routed ranges are gone (never its parent's memory,
 /// shared), so the child faults where it reads them, and the parent is unharmed.
 #[test]

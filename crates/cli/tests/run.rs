@@ -86,6 +86,13 @@ fn a_forked_child_sees_its_parents_memory_and_each_keeps_its_own_writes() {
     same_output("forkread", &[], |_| vec![]);
 }
 
+/// A child made by fork holds about what its parent wrote of a large block, not the block:
+/// the pages the runtime knows read as zeros are neither fetched nor sent (`dlm_holds_data`).
+#[test]
+fn a_forked_child_gets_no_copy_of_never_written_memory() {
+    same_output("forkholes", &[], |_| vec![]);
+}
+
 /// `--on-fork none`: fork + exec as plain (`forkexec`); a child that reads its parent's DLM
 /// memory faults, and the parent is unharmed.
 #[test]

@@ -365,6 +365,28 @@ pub extern "C" fn dlm_prefetch(addr: *mut c_void, len: usize) -> c_int {
     with_dlm(|d| status(d.prefetch(addr as usize, len)))
 }
 
+/// Which 4 KiB pages of `[addr, addr + len)` may hold data (`vec[i]` 1) and which read as
+/// zeros for sure (0), one byte a page as mincore(2) gives (`dlm.h`); -EOPNOTSUPP when the
+/// base page is larger than 4 KiB.
+///
+/// # Safety
+/// `vec` points to at least `len / 4096` (rounded up) writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn dlm_holds_data(addr: *mut c_void, len: usize, vec: *mut u8) -> c_int {
+    if vec.is_null() {
+        return -libc::EINVAL;
+    }
+    with_dlm(|d| {
+        if d.base_page() != 4096 {
+            return -libc::EOPNOTSUPP;
+        }
+        let pages = len.div_ceil(4096);
+        // SAFETY: the caller's buffer of at least that many bytes (dlm.h).
+        let out = unsafe { std::slice::from_raw_parts_mut(vec, pages) };
+        status(d.holds_data(addr as usize, len, out))
+    })
+}
+
 /// Read-ahead of the areas overlapping `[addr, addr + len)`: 0 normal, 1 sequential (from the
 /// first fault), 2 random (none) — MADV_NORMAL / MADV_SEQUENTIAL / MADV_RANDOM.
 #[no_mangle]

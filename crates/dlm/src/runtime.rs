@@ -441,6 +441,11 @@ impl Dlm {
         Ok(())
     }
 
+    /// The base page: every unit is a whole number of them.
+    pub fn base_page(&self) -> usize {
+        self.inner.cfg.base_page
+    }
+
     pub fn stats(&self) -> Stats {
         let st = self.inner.lock();
         let mut s = st.stats.clone();

@@ -182,6 +182,34 @@ impl Dlm {
         Ok(())
     }
 
+    /// Which base pages of `[addr, addr + len)` may hold data (`out[i]` = 1 for the i-th page
+    /// from `addr`) and which read as zeros for sure (0: neither in memory nor ever written
+    /// home), as mincore(2) reports its pages: what a copy for a child made by fork need not
+    /// carry (preload/fork.c). Pages that are not DLM's count as data. `addr` is base-page
+    /// aligned and `out` has a byte for each base page the range touches.
+    pub fn holds_data(&self, addr: usize, len: usize, out: &mut [u8]) -> Result<(), DlmError> {
+        let b = self.inner.cfg.base_page;
+        let end = end_of(addr, len)?;
+        if addr % b != 0 || out.len() < len.div_ceil(b) {
+            return Err(DlmError::Config(format!(
+                "holds_data: {addr:#x} is not base-page aligned or {} bytes are too few for {len:#x}",
+                out.len()
+            )));
+        }
+        out.fill(1);
+        let st = self.inner.lock();
+        self.inner.check_owner()?;
+        for (ai, p0, p1) in overlapping(&st, b, addr, end, Round::In) {
+            let a = st.areas[ai].as_ref().expect("live");
+            for p in p0..p1 {
+                if a.slot[p] == NONE && !a.home_written[p] {
+                    out[(a.addr + p * b - addr) / b] = 0;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// How the program will access the areas overlapping `[addr, addr + len)`
     /// (`MADV_SEQUENTIAL`, `MADV_RANDOM`, `MADV_NORMAL`): steers their read-ahead.
     pub fn set_access(&self, addr: usize, len: usize, access: Access) -> Result<(), DlmError> {
