@@ -190,7 +190,7 @@ impl Dlm {
     pub fn holds_data(&self, addr: usize, len: usize, out: &mut [u8]) -> Result<(), DlmError> {
         let b = self.inner.cfg.base_page;
         let end = end_of(addr, len)?;
-        if addr % b != 0 || out.len() < len.div_ceil(b) {
+        if !addr.is_multiple_of(b) || out.len() < len.div_ceil(b) {
             return Err(DlmError::Config(format!(
                 "holds_data: {addr:#x} is not base-page aligned or {} bytes are too few for {len:#x}",
                 out.len()
