@@ -12,11 +12,12 @@
  *   mapped over the range.
  * Either way the copy is eager, where the kernel would copy on write: the child holds every
  * page of the routed ranges that holds data (DLM: the runtime's `dlm_holds_data` says which
- * read as zeros; those are neither fetched nor sent), so the copy is made only when the ranges fit in
- * half the memory available; otherwise the child goes without (it faults where it reads the
- * parent's memory) and says so. `--on-fork none` turns copies off, for programs that fork only
- * to exec: each such fork would otherwise wait for a copy the exec throws away. The child's blocks are then plain memory, unmapped when freed.
- * Writes other threads of the parent make during the copy may show in the child.
+ * read as zeros; those are neither fetched nor sent), so a DLM copy is made only when the
+ * ranges fit in half the memory available; otherwise the child goes without (it faults where
+ * it reads the parent's memory) and says so. The child's blocks are then plain memory,
+ * unmapped when freed. Writes other threads of the parent make during the copy may show in
+ * the child. `--on-fork none` turns copies off, for programs that fork only to exec: each
+ * such fork would otherwise wait for a copy the exec throws away.
  *
  * A forked child also gets the program's CPUs back when its parent was pinned to one CPU with
  * the runtime's handler (docs/dlm.md, "The handler keeps the program company"): the child has
@@ -84,7 +85,7 @@ void pw_fork_prepare(void) {
     pthread_mutex_lock(&pw_lock);
     plan = FORK_NONE;
     declined_bytes = 0;
-    if (!pw_arena || pw_routed.n == 0 || atomic_load(&pw_state) != S_ON || copies_off)
+    if (!pw_arena || pw_routed.n == 0 || copies_off)
         return;
     size_t total = 0;
     for (size_t i = 0; i < pw_routed.n; i++)
