@@ -34,22 +34,30 @@ fn direct_and_under_hps_with(
     let prog = compile(name, dir);
     let direct = Command::new(&prog).args(direct_args).output().unwrap();
     assert!(direct.status.success(), "{name} on its own: {direct:?}");
+    let flags: Vec<&str> = ["--min-alloc", "1M"].iter().chain(flags).copied().collect();
+    let (run, err) = run_under_hps(&prog, &flags, hps_args)?;
+    let _ = std::fs::remove_dir_all(dir);
+    assert!(run.status.success(), "{name} under pagewise hps run: {:?}\n{err}", run.status);
+    Some((direct, run, err))
+}
+
+/// `prog args` under `pagewise hps run flags`: its output and stderr, or None (after a skip)
+/// when HPS cannot start here.
+fn run_under_hps(prog: &std::path::Path, flags: &[&str], args: &[&str]) -> Option<(Output, String)> {
     let run = Command::new(pagewise())
-        .args(["hps", "run", "--min-alloc", "1M"])
+        .args(["hps", "run"])
         .args(flags)
         .arg("--")
-        .arg(&prog)
-        .args(hps_args)
+        .arg(prog)
+        .args(args)
         .output()
         .expect("pagewise hps run");
     let err = String::from_utf8_lossy(&run.stderr).into_owned();
-    let _ = std::fs::remove_dir_all(dir);
     if let Some(line) = arena_unavailable(&err) {
         pagewise_kernel::testing::skip(format!("HPS cannot start here: {line}"));
         return None;
     }
-    assert!(run.status.success(), "{name} under pagewise hps run: {:?}\n{err}", run.status);
-    Some((direct, run, err))
+    Some((run, err))
 }
 
 /// The allocations the shim's end-of-run report says went to HPS's arenas.
@@ -410,16 +418,7 @@ fn the_runtimes_own_threads_never_get_arena_memory() {
     let scratch = tempdir("hps-three-blocks");
     let prog = compile("three_blocks", scratch.path());
     let direct = Command::new(&prog).output().unwrap();
-    let run = Command::new(pagewise())
-        .args(["hps", "run", "--min-alloc", "16K", "--"])
-        .arg(&prog)
-        .output()
-        .expect("pagewise hps run");
-    let err = String::from_utf8_lossy(&run.stderr);
-    if let Some(line) = arena_unavailable(&err) {
-        pagewise_kernel::testing::skip(format!("HPS cannot start here: {line}"));
-        return;
-    }
+    let Some((run, err)) = run_under_hps(&prog, &["--min-alloc", "16K"], &[]) else { return };
     assert!(run.status.success(), "{:?}\n{err}", run.status);
     assert_eq!(String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&direct.stdout), "{err}");
     assert_eq!(routed_allocations(&err), 3, "the program made 3 allocations of 16 KiB or more:\n{err}");
@@ -448,16 +447,7 @@ fn with_no_copy_on_fork_a_child_reading_its_parents_memory_faults_and_the_parent
     ensure_libpagewise();
     let scratch = tempdir("hps-forkread-none");
     let prog = compile("forkread", scratch.path());
-    let run = Command::new(pagewise())
-        .args(["hps", "run", "--min-alloc", "1M", "--on-fork", "none", "--"])
-        .arg(&prog)
-        .output()
-        .expect("pagewise hps run");
-    let err = String::from_utf8_lossy(&run.stderr);
-    if let Some(line) = arena_unavailable(&err) {
-        pagewise_kernel::testing::skip(format!("HPS cannot start here: {line}"));
-        return;
-    }
+    let Some((run, err)) = run_under_hps(&prog, &["--min-alloc", "1M", "--on-fork", "none"], &[]) else { return };
     assert_eq!(String::from_utf8_lossy(&run.stdout), "parent errors 0, child signal 11\n", "{err}");
     assert_eq!(routed_allocations(&err), 2, "the malloc'd and the mmap'd memory were not routed:\n{err}");
 }
