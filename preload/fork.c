@@ -87,14 +87,14 @@ void pw_fork_prepare(void) {
     declined_bytes = 0;
     if (!pw_arena || pw_routed.n == 0 || copies_off)
         return;
-    size_t total = 0;
-    for (size_t i = 0; i < pw_routed.n; i++)
-        total += pw_routed.v[i].end - pw_routed.v[i].start;
     if (pw_arena->copy_in_child) {
         /* Only pages in memory are copied: bounded by what the parent holds already. */
         if (pipe2(link_fd, O_CLOEXEC) == 0)
             plan = FORK_COPY;
     } else if (pw_arena->stream_to_child) {
+        size_t total = 0;
+        for (size_t i = 0; i < pw_routed.n; i++)
+            total += pw_routed.v[i].end - pw_routed.v[i].start;
         if (total > mem_available() / 2) {
             declined_bytes = total;
             return;
@@ -236,7 +236,10 @@ static int receive_range(int fd, uintptr_t start, size_t len) {
 }
 
 /* The program's CPUs (PAGEWISE_PROGRAM_CPUS, a list such as "0-1,4") back, when this child
- * inherited a mask of exactly one CPU that is not all of them (a mask the user chose stays). */
+ * inherited a mask of exactly one CPU that is not all of them (a mask the user chose stays).
+ * The rule of pagewise_kernel::colocate::widen_inherited_mask, here in C: in a child forked
+ * from a threaded parent, the Rust one could wait forever on a lock (the environment's) that
+ * another thread of the parent held at the fork. */
 static void widen_inherited_mask(void) {
     const char *list = getenv("PAGEWISE_PROGRAM_CPUS");
     cpu_set_t now, want;
