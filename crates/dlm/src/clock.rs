@@ -59,6 +59,11 @@ impl<K: Copy> Clock<K> {
         self.slots.get(slot)?.as_ref().map(|s| &s.key)
     }
 
+    /// Every live entry, in slot order.
+    pub fn iter(&self) -> impl Iterator<Item = &K> {
+        self.slots.iter().flatten().map(|s| &s.key)
+    }
+
     pub fn get_mut(&mut self, slot: usize) -> Option<&mut K> {
         self.slots.get_mut(slot)?.as_mut().map(|s| &mut s.key)
     }

@@ -270,6 +270,9 @@ pub struct Stats {
     pub evictions: u64,
     pub writebacks: u64,
     pub writeback_bytes: u64,
+    /// Bytes of pages found where a unit's pages were to be moved in the shadow, owned by no
+    /// unit, and freed (`Inner::move_over_strays`): 0 unless the bookkeeping slipped.
+    pub stray_shadow_bytes: u64,
     pub areas: usize,
 }
 
@@ -507,7 +510,7 @@ impl Dlm {
         if st.resident > self.inner.cfg.local_mem {
             return Err(format!("resident {} over the limit {}", st.resident, self.inner.cfg.local_mem));
         }
-        Ok(())
+        self.inner.audit_shadows(&st)
     }
 
     /// Ask one memory server for its statistics (a STATS request).

@@ -390,6 +390,19 @@ impl Uffd {
     /// needed. `allow_src_holes`: pages missing in the source leave holes (else ENOENT).
     /// EAGAIN (a page briefly locked) is retried for the rest of the range.
     pub fn move_pages(&self, dst: usize, src: usize, len: usize, wake: bool, allow_src_holes: bool) -> Result<()> {
+        self.move_pages_reporting(dst, src, len, wake, allow_src_holes).map_err(|(_, err)| err)
+    }
+
+    /// [`Uffd::move_pages`], telling on failure how many bytes from the start of the range
+    /// were moved before it: those pages are at their destination, the rest at their source.
+    pub fn move_pages_reporting(
+        &self,
+        dst: usize,
+        src: usize,
+        len: usize,
+        wake: bool,
+        allow_src_holes: bool,
+    ) -> std::result::Result<(), (usize, Error)> {
         let mut done = 0;
         let mut retries = 0;
         while done < len {
@@ -407,8 +420,10 @@ impl Uffd {
             let err = Error::last_os("ioctl(UFFDIO_MOVE)");
             retries += 1;
             if err.errno() != Some(libc::EAGAIN) || retries > 1000 {
-                return Err(err);
+                return Err((done, err));
             }
+            // A call that moved part of the range before meeting a failure returns EAGAIN
+            // with the bytes moved (mm/userfaultfd.c, move_pages); the next call meets it.
             done += m.copy.max(0) as usize;
         }
         Ok(())

@@ -7,7 +7,7 @@ use pagewise_kernel::uffd::Uffd;
 
 use super::frames::Frames;
 use super::install::{overlaps, CleanMove};
-use super::remote::Pending;
+use super::remote::{Pending, ReplyInto};
 use super::{Area, Entry, Inner, State, MOVE_MIN, NONE};
 use crate::config::FaultMode;
 use crate::proto::{Header, Opcode};
@@ -32,7 +32,7 @@ impl Inner {
             match victim {
                 Some(v) => self.evict(st, v, &mut run),
                 None => {
-                    run.flush();
+                    self.flush_run(st, &mut run);
                     // Only in-flight units hold the memory: install them, then they can go.
                     if !st.conns.iter().any(|c| !c.pending.is_empty()) {
                         crate::fatal(format_args!(
@@ -44,7 +44,7 @@ impl Inner {
                 }
             }
         }
-        run.flush();
+        self.flush_run(st, &mut run);
     }
 
     /// Evict the unit in CLOCK slot `slot`. Its pages are dropped, or moved to the shadow to
@@ -89,14 +89,14 @@ impl Inner {
         if keep_data && (e.dirty || e.clean_hash.is_some()) {
             // The unit's data is read below, an armed unit's from its place in the shadow: be
             // sure it is there.
-            run.flush();
+            self.flush_run(st, run);
         }
         if moved_first {
             let sh = shadow.expect("to_shadow has a shadow");
-            st.frames.remove_within(sh, len, free_frames);
+            self.clear_place(st, sh, len, run);
             let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
-            if let Err(err) = uffd.move_pages(sh, start, len, false, true) {
-                crate::fatal(format_args!("pagewise dlm: moving {start:#x}+{len:#x} to the shadow failed: {err}"));
+            if let Err((moved, err)) = uffd.move_pages_reporting(sh, start, len, false, true) {
+                self.move_over_strays(st, start + moved, sh + moved, len - moved, err);
             }
         }
         // Read through the runtime's own view where there is one: the program's view of an
@@ -181,7 +181,7 @@ impl Inner {
             }
             // Frames a unit will be received into go to the shadow, to be reused.
             (None, None, Some(sh)) if to_shadow => {
-                st.frames.remove_within(sh, len, free_frames);
+                self.clear_place(st, sh, len, run);
                 kept = Some(sh);
                 run.move_to_shadow_later(start, sh, len);
                 Ok(())
@@ -199,9 +199,69 @@ impl Inner {
         st.resident -= len;
         if let Some(sh) = kept {
             if !self.keep_frames(st, sh, len) {
-                run.flush();
+                self.flush_run(st, run);
                 free_frames(sh, len);
             }
+        }
+    }
+
+    /// Free the frames kept at `[place, place + len)`, a unit's place in the shadow that its
+    /// pages are about to be moved to. A kept run reaching beyond the place and cut in two
+    /// where no slot is left for its tail loses the tail too: freed once `run` has made its
+    /// moves, since moves it holds may be bound there (a victim evicted earlier in this pass
+    /// whose frames were kept).
+    fn clear_place(&self, st: &mut State, place: usize, len: usize, run: &mut Run) {
+        if let Some((addr, n)) = st.frames.remove_within(place, len, free_frames) {
+            self.flush_run(st, run);
+            free_frames(addr, n);
+        }
+    }
+
+    /// Flush `run`, then finish a move to the shadow it was refused (`Run::move_now`).
+    pub(super) fn flush_run(&self, st: &mut State, run: &mut Run) {
+        run.flush();
+        if let Some((view, shadow, len, err)) = run.refused.take() {
+            self.move_over_strays(st, view, shadow, len, err);
+        }
+    }
+
+    /// Move the pages of `[view, view + len)` to `[shadow, shadow + len)`, places in the shadow
+    /// the bookkeeping holds empty, after UFFDIO_MOVE refused with `err` because pages are
+    /// there (EEXIST). Pages there that nothing of the runtime's accounts for — no reply is
+    /// being received there, no move-in is gathered from there — are nobody's data: every
+    /// unit's data is in the program's view, in the shadow at its place (armed, accounted for
+    /// by its CLOCK entry, never moved over), on its way, or at home. They are freed, with a
+    /// note, and the move made. Anything else stops the program, as any failed move does.
+    pub(super) fn move_over_strays(
+        &self,
+        st: &mut State,
+        view: usize,
+        shadow: usize,
+        len: usize,
+        err: pagewise_kernel::Error,
+    ) {
+        let b = self.cfg.base_page;
+        let receiving = overlaps(&st.borrowed, shadow, len)
+            || st.conns.iter().flat_map(|c| &c.pending).any(|p| {
+                matches!(*p, Pending::Read { into: ReplyInto::Runtime(at), count, .. }
+                    if at < shadow + len && shadow < at + count * b)
+            });
+        if err.errno() != Some(libc::EEXIST) || receiving || st.move_ins.gathering {
+            crate::fatal(format_args!(
+                "pagewise dlm: moving {view:#x}+{len:#x} to the shadow failed: {err}{}",
+                if receiving { " (a reply is being received there)" } else { "" }
+            ));
+        }
+        let strays = present_count(shadow, len);
+        free_frames(shadow, len);
+        st.stats.stray_shadow_bytes += (strays * pagewise_kernel::mem::page_size()) as u64;
+        crate::note(format_args!(
+            "pagewise dlm: {strays} page(s) no unit owns were in the shadow at {shadow:#x}+{len:#x}, where \
+             {view:#x}+{len:#x} is moved: freed (please report this)"
+        ));
+        let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
+        if let Err(err) = uffd.move_pages(shadow, view, len, false, true) {
+            crate::fatal(format_args!("pagewise dlm: moving {view:#x}+{len:#x} to the shadow failed: {err}"));
         }
     }
 
@@ -251,11 +311,81 @@ impl Inner {
             if overlaps(borrowed, sh, len) {
                 return false;
             }
-            frames.remove_within(sh, len, free_frames);
+            // As `Inner::clear_place`: a spilled tail may be where a move of `run` goes.
+            if let Some((addr, n)) = frames.remove_within(sh, len, free_frames) {
+                run.flush();
+                free_frames(addr, n);
+            }
             run.move_to_shadow_later(start, sh, len);
             return true;
         }
         arm_mapped(a, start, len, run)
+    }
+}
+
+impl Inner {
+    /// Part of `Dlm::audit`: every page present in a shadow is accounted for — kept frames, a
+    /// reply being received (borrowed frames, or a unit's own place), or an armed unit's
+    /// data. A page that is none of these is one a later move to its place would be refused
+    /// for (`Inner::move_over_strays`).
+    pub(super) fn audit_shadows(&self, st: &State) -> Result<(), String> {
+        let b = self.cfg.base_page;
+        let mut held: Vec<(usize, usize)> = st.frames.runs().to_vec();
+        held.extend_from_slice(&st.borrowed);
+        for p in st.conns.iter().flat_map(|c| &c.pending) {
+            if let Pending::Read { into: ReplyInto::Runtime(at), count, .. } = *p {
+                held.push((at, count * b));
+            }
+        }
+        for e in st.clock.iter().filter(|e| e.armed) {
+            if let Some(sh) = st.areas[e.area as usize].as_ref().and_then(|a| a.shadow.as_ref()) {
+                held.push((sh.addr() + e.first as usize * b, e.count as usize * b));
+            }
+        }
+        let page = pagewise_kernel::mem::page_size();
+        for (ai, a) in st.areas.iter().enumerate() {
+            let Some(sh) = a.as_ref().and_then(|a| a.shadow.as_ref()) else { continue };
+            let len = a.as_ref().expect("some").len;
+            let mut present = vec![0u8; len.div_ceil(page)];
+            pagewise_kernel::mem::mincore(sh.addr(), len, &mut present).map_err(|e| e.to_string())?;
+            for (i, _) in present.iter().enumerate().filter(|(_, &p)| p & 1 != 0) {
+                let at = sh.addr() + i * page;
+                if !overlaps(&held, at, page) {
+                    return Err(format!(
+                        "area {ai}: a page is in the shadow at {at:#x} (page {}) that no unit owns",
+                        i * page / b
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl super::Dlm {
+    /// For tests of `Inner::move_over_strays`: put a page that no unit owns in the shadow, at
+    /// the place of the page holding `addr`, as a slip of the bookkeeping would. False (and
+    /// nothing done) unless that place is empty by the bookkeeping: the page resident and
+    /// not armed, in an area with a shadow, and no frames kept or reply received there.
+    #[doc(hidden)]
+    pub fn plant_stray_shadow_page(&self, addr: usize) -> bool {
+        let st = self.inner.lock();
+        let b = self.inner.cfg.base_page;
+        let Some(a) = st.areas.iter().flatten().find(|a| addr >= a.addr && addr < a.addr + a.view_len) else {
+            return false;
+        };
+        let page = (addr - a.addr) / b;
+        let Some(sh) = a.shadow.as_ref() else { return false };
+        let place = sh.addr() + page * b;
+        if !super::is_resident(a.slot[page]) || st.clock.get(a.slot[page] as usize).is_none_or(|e| e.armed) {
+            return false;
+        }
+        let mut held: Vec<(usize, usize)> = st.frames.runs().to_vec();
+        held.extend_from_slice(&st.borrowed);
+        if overlaps(&held, place, b) || present_count(place, b) > 0 {
+            return false;
+        }
+        madvise(place, b, Advice::PopulateWrite).is_ok()
     }
 }
 
@@ -264,6 +394,24 @@ pub(super) fn free_frames(addr: usize, len: usize) {
     if let Err(err) = madvise(addr, len, Advice::DontNeed) {
         crate::fatal(format_args!("pagewise dlm: freeing frames {addr:#x}+{len:#x} failed: {err}"));
     }
+}
+
+/// How many base pages of `[addr, addr + len)` are present (mincore(2)), counted without
+/// allocating (this may run in a signal handler); 0 where it cannot be told.
+fn present_count(addr: usize, len: usize) -> usize {
+    let page = pagewise_kernel::mem::page_size();
+    let mut v = [0u8; 256];
+    let mut count = 0;
+    let mut off = 0;
+    while off < len {
+        let n = (len - off).min(v.len() * page);
+        if pagewise_kernel::mem::mincore(addr + off, n, &mut v[..n.div_ceil(page)]).is_err() {
+            return count;
+        }
+        count += v[..n.div_ceil(page)].iter().filter(|&&p| p & 1 != 0).count();
+        off += n;
+    }
+    count
 }
 
 /// `Inner::arm` for areas without a shadow.
@@ -311,11 +459,14 @@ pub(super) struct Run<'u> {
     /// Program-view range `(view, shadow, len)` whose pages move to the same offsets of its
     /// area's shadow: evicted units whose frames are kept, and armed units.
     to_shadow: (usize, usize, usize),
+    /// The rest of a move to the shadow the kernel refused (`view, shadow, len` and its
+    /// error), finished by [`Inner::flush_run`], which has the bookkeeping to see why.
+    pub(super) refused: Option<(usize, usize, usize, pagewise_kernel::Error)>,
 }
 
 impl<'u> Run<'u> {
     pub(super) fn new(uffd: Option<&'u Uffd>) -> Self {
-        Run { uffd, drop: (0, 0), to_shadow: (0, 0, 0) }
+        Run { uffd, drop: (0, 0), to_shadow: (0, 0, 0), refused: None }
     }
 
     /// MADV_DONTNEED `[start, start + len)` of a program's view (its next touch faults).
@@ -342,7 +493,7 @@ impl<'u> Run<'u> {
         }
     }
 
-    /// Make every change gathered.
+    /// Make every change gathered (a refused move is left to [`Inner::flush_run`]).
     pub(super) fn flush(&mut self) {
         self.drop_now();
         self.move_now();
@@ -364,14 +515,20 @@ impl<'u> Run<'u> {
             return;
         }
         let uffd = self.uffd.expect("shadow areas have a uffd");
-        if let Err(err) = uffd.move_pages(shadow, view, len, false, true) {
-            crate::fatal(format_args!("pagewise dlm: moving {view:#x}+{len:#x} to the shadow failed: {err}"));
+        if let Err((moved, err)) = uffd.move_pages_reporting(shadow, view, len, false, true) {
+            if self.refused.is_some() {
+                crate::fatal(format_args!("pagewise dlm: moving {view:#x}+{len:#x} to the shadow failed: {err}"));
+            }
+            self.refused = Some((view + moved, shadow + moved, len - moved, err));
         }
     }
 }
 
 impl Drop for Run<'_> {
     fn drop(&mut self) {
-        debug_assert!(self.drop.1 == 0 && self.to_shadow.2 == 0, "a Run was dropped unflushed");
+        debug_assert!(
+            self.drop.1 == 0 && self.to_shadow.2 == 0 && self.refused.is_none(),
+            "a Run was dropped unflushed"
+        );
     }
 }

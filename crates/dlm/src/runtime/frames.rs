@@ -40,6 +40,11 @@ impl Frames {
         self.bytes
     }
 
+    /// The kept runs, `(address, bytes)`.
+    pub(super) fn runs(&self) -> &[(usize, usize)] {
+        &self.runs
+    }
+
     /// Keep `[addr, addr + len)`, as the newest run; false when there is no room for another
     /// run (the caller frees the pages instead). Joins every run it is adjacent to, on either
     /// side: a stream's units are evicted in address order, rising or falling, but the CLOCK
@@ -121,9 +126,17 @@ impl Frames {
 
     /// Remove every kept byte inside `[start, start + len)`, calling `drop` with each piece
     /// removed (the caller frees it). Runs reaching outside keep their outside parts; a run
-    /// split in two needs one more slot, and when none is left its tail is dropped too.
-    pub(super) fn remove_within(&mut self, start: usize, len: usize, mut drop: impl FnMut(usize, usize)) {
+    /// split in two needs one more slot, and when none is left its tail is removed too and
+    /// returned, for the caller to free when nothing it has yet to do is bound there.
+    #[must_use]
+    pub(super) fn remove_within(
+        &mut self,
+        start: usize,
+        len: usize,
+        mut drop: impl FnMut(usize, usize),
+    ) -> Option<(usize, usize)> {
         let end = start + len;
+        let mut spilled = None;
         let mut i = 0;
         while i < self.runs.len() {
             let (a, l) = self.runs[i];
@@ -147,13 +160,16 @@ impl Frames {
                     if self.runs.len() < self.runs.capacity() {
                         self.runs.push(tail);
                     } else {
-                        drop(tail.0, tail.1);
+                        // Only one run can reach past both ends of the range.
+                        debug_assert!(spilled.is_none());
+                        spilled = Some(tail);
                         self.bytes -= tail.1;
                     }
                 }
             }
             i += 1;
         }
+        spilled
     }
 }
 
@@ -249,7 +265,13 @@ mod tests {
                     3 => if let Some(a) = f.take_head(l) {
                         for p in a / P..(a + l) / P { prop_assert!(kept.remove(&p)); }
                     },
-                    _ => f.remove_within(a, l, |a, l| for p in a / P..(a + l) / P { assert!(kept.remove(&p)); }),
+                    _ => {
+                        let mut removed = |a: usize, l: usize| for p in a / P..(a + l) / P { assert!(kept.remove(&p)); };
+                        if let Some((a, l)) = f.remove_within(a, l, &mut removed) {
+                            prop_assert!(a >= (page + pages) * P, "a spilled tail lies past the range");
+                            removed(a, l);
+                        }
+                    }
                 }
                 prop_assert_eq!(f.bytes(), kept.len() * P);
                 let mut runs = f.runs.clone();

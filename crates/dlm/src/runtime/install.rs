@@ -63,7 +63,9 @@ impl Inner {
     /// there) and fresh pages for the rest, so that the reply is received into pages that
     /// exist. Runs while the request travels.
     pub(super) fn fill_place(&self, st: &mut State, dst: usize, len: usize) {
-        st.frames.remove_within(dst, len, free_frames);
+        if let Some((addr, n)) = st.frames.remove_within(dst, len, free_frames) {
+            free_frames(addr, n);
+        }
         let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
         let mut off = 0;
         while off < len {

@@ -290,7 +290,7 @@ impl Inner {
             f(self, st, s as usize, first >= p0 && first + count <= p1, &mut run);
             p = first + count;
         }
-        run.flush();
+        self.flush_run(st, &mut run);
     }
 
     /// Tell the homes of pages `[p0, p1)` of area `ai` to forget what was written back there
