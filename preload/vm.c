@@ -122,6 +122,22 @@ static int route_at(uintptr_t addr, size_t len) {
     return 1;
 }
 
+/* Remember [start, end) as reserved, joined with reservations right before and after it, as
+ * the kernel joins adjacent PROT_NONE anonymous mappings into one (the lock is held). Out of
+ * memory, it is forgotten: committing it then maps plain memory. */
+static void reserve_locked(uintptr_t start, uintptr_t end) {
+    struct pw_range n;
+    if (start > 0 && pw_ranges_containing(&pw_reserved, start - 1, &n) && n.end == start) {
+        pw_ranges_remove(&pw_reserved, n.start, n.end);
+        start = n.start;
+    }
+    if (pw_ranges_at(&pw_reserved, end, &n)) {
+        pw_ranges_remove(&pw_reserved, n.start, n.end);
+        end = n.end;
+    }
+    pw_ranges_add(&pw_reserved, start, end, 0);
+}
+
 static void reserve(uintptr_t addr, size_t len) {
     pthread_mutex_lock(&pw_lock);
     if (pw_ranges_add(&pw_reserved, addr, addr + len, 0) == 0)
@@ -227,12 +243,30 @@ PW_EXPORT void *mremap(void *old, size_t oldlen, size_t newlen, int flags, ...) 
     pthread_mutex_unlock(&pw_lock);
     if (!routed) {
         void *r = pw_sys_mremap(old, oldlen, newlen, flags, target);
-        /* Moved or resized, it is a reservation no more. Refused, or left where it is
-         * (DONTUNMAP), it still is: committing it later routes it with the rest of its
-         * mapping, as one area, as the kernel keeps it one mapping. */
-        if (r != MAP_FAILED && !(flags & MREMAP_DONTUNMAP)) {
+        /* A reservation moved or resized is one still, where the kernel now has it (mremap
+         * keeps a mapping's protection): shrunk in place, what is left of it; moved, the new
+         * range; left where it was too (DONTUNMAP), both. Committing it later routes it as
+         * one area, as the kernel keeps it one mapping. Forgetting what is left of a shrunk
+         * one made a later commit of it plain memory beside a routed part of the same
+         * mapping, and an mremap across the two then failed (EFAULT) where Linux succeeds. */
+        if (r != MAP_FAILED) {
+            struct pw_range was;
             pthread_mutex_lock(&pw_lock);
-            pw_ranges_remove(&pw_reserved, lo, hi);
+            int reserved = pw_ranges_containing(&pw_reserved, lo, &was);
+            uintptr_t at = (uintptr_t)r, end = at + pw_page_up(newlen);
+            if (reserved && at == lo && !(flags & MREMAP_DONTUNMAP)) {
+                if (end < hi)
+                    pw_ranges_remove(&pw_reserved, end, hi);
+                else if (end > hi)
+                    reserve_locked(hi, end);
+            } else {
+                if (!(flags & MREMAP_DONTUNMAP))
+                    pw_ranges_remove(&pw_reserved, lo, hi);
+                if (reserved) {
+                    pw_ranges_remove(&pw_reserved, at, end);
+                    reserve_locked(at, end);
+                }
+            }
             pw_tables_changed();
             pthread_mutex_unlock(&pw_lock);
         }

@@ -5,7 +5,12 @@
  *   DLM's back (its next eviction of them fails);
  * - one with a page moved out by mremap(MREMAP_DONTUNMAP), which leaves the page where it was,
  *   then committed whole: one mapping to the kernel, so mremap of all of it succeeds (it must
- *   not be routed in two pieces around a plain page).
+ *   not be routed in two pieces around a plain page);
+ * - one whose middle is shrunk in place by mremap (its tail unmapped), then committed across
+ *   the point where the shrunk part began: the kernel keeps what is left one mapping, so an
+ *   mremap of a range across that point succeeds (the shim forgot the shrunk part's rest and
+ *   committed it as plain memory beside a routed head: EFAULT; found by the model program,
+ *   seed 1012432 with --min-alloc 16K).
  * Prints checksums, the number of userfaultfd-armed mappings left without write permission (0:
  * nothing protected behind DLM's back), the second mremap's result and "ok". */
 #define _GNU_SOURCE
@@ -100,6 +105,26 @@ int main(void) {
     }
     if (moved != MAP_FAILED)
         munmap(moved, PAGE);
+
+    uint8_t *t = mmap(NULL, 4 * HALF, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (t == MAP_FAILED)
+        return 8;
+    /* [HALF, 3*HALF) shrunk to its first half: [2*HALF, 3*HALF) unmapped. */
+    if (mremap(t + HALF, 2 * HALF, HALF, 0) != t + HALF)
+        return 9;
+    if (mprotect(t, 2 * HALF, PROT_READ | PROT_WRITE) != 0)
+        return 10;
+    fill(t, 2 * HALF, 4);
+    uint64_t piece = checksum(t + HALF / 2, HALF);
+    uint8_t *across = mremap(t + HALF / 2, HALF, 2 * HALF, MREMAP_MAYMOVE);
+    if (across == MAP_FAILED) {
+        perror("mremap across the shrunk reservation's old start");
+    } else {
+        printf("across: written %016llx read %016llx\n", (unsigned long long)piece,
+               (unsigned long long)checksum(across, HALF));
+        munmap(across, 2 * HALF);
+    }
+    munmap(t, 4 * HALF);
     printf("ok\n");
     return 0;
 }
