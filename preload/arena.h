@@ -66,6 +66,9 @@ struct pw_arena {
      * most 4096 pages) may hold data (vec[i] = 1) and which read as zeros for sure (0), as
      * mincore(2) gives. 0 or a negative errno. */
     int (*holds_data)(void *addr, size_t len, unsigned char *vec);
+    /* Optional (NULL): the program began listening for connections (listen(2)): a server,
+     * which runs until it is stopped. Called once, without the shim's lock. */
+    void (*serving)(void);
     /* The program `pagewise run` started is exiting (the shim's destructor; other threads may
      * still run): write what the run reports. Not called in the processes it execs. Memory
      * stays valid until the process is gone. */

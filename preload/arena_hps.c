@@ -59,6 +59,7 @@ static int (*p_forget)(void *, size_t);
 static int (*p_detach)(void *, size_t);
 static int (*p_stats)(struct pw_hps_stats *);
 static int (*p_state)(char *, size_t); /* optional: older libpagewise lacks it */
+static int (*p_serving)(void);         /* optional, likewise */
 
 static int hps_arena_init(void *lib) {
     p_start = (int (*)(double, uint32_t))dlsym(lib, "hps_preload_start");
@@ -70,6 +71,7 @@ static int hps_arena_init(void *lib) {
     p_detach = (int (*)(void *, size_t))dlsym(lib, "hps_detach");
     p_stats = (int (*)(struct pw_hps_stats *))dlsym(lib, "hps_stats");
     p_state = (int (*)(char *, size_t))dlsym(lib, "hps_preload_state");
+    p_serving = (int (*)(void))dlsym(lib, "hps_preload_serving");
     if (!p_start || !p_alloc || !p_free || !p_release || !p_unmap || !p_forget || !p_detach || !p_stats)
         return -ENOSYS;
     const char *frac = getenv("PAGEWISE_HPS_PROMOTE_FRACTION");
@@ -294,6 +296,13 @@ static int hps_arena_copy_in_child(void *addr, size_t len) {
     return 0;
 }
 
+/* A server runs until it is stopped: promotion and tracking get their whole pace share now
+ * rather than as the program ages (crates/hugepage/src/pace.rs). */
+static void hps_arena_serving(void) {
+    if (p_serving)
+        p_serving();
+}
+
 /* Exit: the tracking thread may run on with the program's other threads; memory stays. */
 static void hps_arena_finish(void) {}
 
@@ -311,5 +320,6 @@ const struct pw_arena pw_arena_hps = {
     .advise = hps_arena_advise,
     .summary = hps_arena_summary,
     .copy_in_child = hps_arena_copy_in_child,
+    .serving = hps_arena_serving,
     .finish = hps_arena_finish,
 };

@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "shim.h"
@@ -402,6 +403,33 @@ PW_EXPORT int posix_memalign(void **out, size_t al, size_t n) {
 PW_EXPORT void *aligned_alloc(size_t al, size_t n) { return memalign(al, n); }
 PW_EXPORT void *valloc(size_t n) { return memalign(PW_PAGE, n); }
 PW_EXPORT void *pvalloc(size_t n) { return memalign(PW_PAGE, pw_page_up(n)); }
+
+/* ---- what the program is ---- */
+
+/* listen(2): a program that listens for connections is a server, which runs until it is
+ * stopped; the arena may spend on it as on a long-running program (HPS: the pace's ramp
+ * ends). Said once, by the program `pagewise run` started or a process it exec'd, never by a
+ * forked child. */
+PW_EXPORT int listen(int fd, int backlog) {
+    static int (*_Atomic next_listen)(int, int);
+    static _Atomic int told;
+    int (*next)(int, int) = atomic_load(&next_listen);
+    if (!next) {
+        pw_in_shim++;
+        next = (int (*)(int, int))dlsym(RTLD_NEXT, "listen");
+        pw_in_shim--;
+        atomic_store(&next_listen, next);
+    }
+    int rc = next ? next(fd, backlog) : (int)syscall(SYS_listen, fd, backlog);
+    if (rc == 0 && pw_arena && pw_arena->serving && atomic_load(&pw_state) == S_ON && !atomic_exchange(&told, 1)) {
+        int e = errno;
+        pw_in_shim++;
+        pw_arena->serving();
+        pw_in_shim--;
+        errno = e;
+    }
+    return rc;
+}
 
 /* ---- start, fork, exit ---- */
 

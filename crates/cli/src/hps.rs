@@ -57,7 +57,8 @@ enum Command {
         /// Seconds over which that share grows from none, as the program runs: with the
         /// defaults, a program that ends after 1 s has given promotion at most 1% of a CPU
         /// (and the collapse then running), and tracking as much. 0: the whole share from the
-        /// start.
+        /// start. A program that listens for connections (a server) gets the whole share from
+        /// its first listen(2) on, whatever its age.
         #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
         pace_ramp: f64,
         /// Tracking period while there is work, in milliseconds.

@@ -100,6 +100,7 @@ fn hot_array_under_hps(flags: &[&str]) -> Option<String> {
         .unwrap_or_else(|| panic!("no ShmemPmdMapped line:\n{err}"));
     assert!(pmd >= 2048, "no region of the array was promoted within 60 s:\n{err}");
     assert!(promoted(&err).unwrap_or(0) >= 1, "the shim reports no promotion:\n{err}");
+    assert!(err.contains("the pace ramped with the program's age"), "hot_array never listens:\n{err}");
     Some(cpus)
 }
 
@@ -399,6 +400,7 @@ fn memcached_answers_get_after_set_and_gets_hugepages() {
     assert!(pmd >= 2048, "no slab region of memcached was promoted within 60 s\n{err}");
     assert!(err.contains("allocation(s) on hps memory"), "no slab page was routed:\n{err}");
     assert!(promoted(&err).unwrap_or(0) >= 1, "the shim reports no promotion:\n{err}");
+    assert!(err.contains("since the program began serving at"), "memcached's listen(2) did not reach HPS:\n{err}");
 }
 
 #[test]

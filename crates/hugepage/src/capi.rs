@@ -249,6 +249,18 @@ pub extern "C" fn hps_preload_start(promote_fraction: f64, interval_ms: u32) -> 
     }) as c_int
 }
 
+/// The program `pagewise hps run` started began listening for connections (the shim's
+/// `listen`): a server, which runs until stopped, so the pace's ramp ends ([`Hps::program_serves`]).
+/// 0 or a negative errno. Not in hps.h, like `hps_preload_start`.
+#[no_mangle]
+pub extern "C" fn hps_preload_serving() -> c_int {
+    guarded(|| {
+        let Some(h) = current() else { return -(libc::EINVAL as i64) };
+        h.program_serves();
+        0
+    }) as c_int
+}
+
 /// How fast `pagewise hps run` promotes ([`crate::pace`]): collapses take at most 20% of a
 /// CPU over the program's run (`--pace`), a share reached after 10 s and growing to it from
 /// none (`--pace-ramp`), saved up to 25 ms at most. Measured on this VM kind from settled
@@ -300,8 +312,12 @@ pub unsafe extern "C" fn hps_preload_state(buf: *mut c_char, n: usize) -> c_int 
             TrackState::Tracking => "still tracking at exit",
             TrackState::Converged => "tracking converged at exit",
         };
+        let pace = match st.serving_since_ns {
+            Some(t) => format!("the whole pace share since the program began serving at {:.2} s", t as f64 / 1e9),
+            None => "the pace ramped with the program's age".to_string(),
+        };
         let line = format!(
-            "hps: {} region(s) advised ahead of a dense fill, {} declined (hugepages dear); the pace put off {} promotion(s) and {} tracking period(s); {at_exit}; converged {} time(s), restarted {} time(s), {} probe(s) while converged",
+            "hps: {} region(s) advised ahead of a dense fill, {} declined (hugepages dear); the pace put off {} promotion(s) and {} tracking period(s); {pace}; {at_exit}; converged {} time(s), restarted {} time(s), {} probe(s) while converged",
             st.first_touch_regions, st.first_touch_declined, st.paced_promotions, st.paced_periods, st.converge_stops, st.converge_restarts, st.probes
         );
         let len = line.len().min(n - 1);

@@ -76,6 +76,14 @@ impl Pace {
         self.refill(now_ns);
         self.tokens_ns -= cost_ns as f64;
     }
+
+    /// From `now_ns` on, the whole share: the program has shown it runs on (a server that
+    /// began listening for connections runs until it is stopped), so its age no longer says
+    /// how soon it may end. What the ramp earned so far stays; nothing is earned backwards.
+    pub fn end_ramp(&mut self, now_ns: u64) {
+        self.refill(now_ns);
+        self.ramp_ns = 0;
+    }
 }
 
 /// A pace charged with a running total rather than per use: tracking's cost (the handler's CPU
@@ -98,6 +106,11 @@ impl ChargedPace {
         self.pace.spend(now_ns, total_ns.saturating_sub(self.charged_ns));
         self.charged_ns = self.charged_ns.max(total_ns);
         self.pace.allowed(now_ns)
+    }
+
+    /// [`Pace::end_ramp`].
+    pub fn end_ramp(&mut self, now_ns: u64) {
+        self.pace.end_ramp(now_ns);
     }
 }
 
@@ -149,6 +162,24 @@ mod tests {
     }
 
     #[test]
+    fn ending_the_ramp_gives_the_whole_share_from_then_on_and_nothing_backwards() {
+        let mut p = Pace::new(0.2, 25 * MS, 10_000 * MS);
+        // At 1 s the ramp has earned 10 ms (0.2 × 1² / 20); an 11 ms collapse leaves 1 ms of debt.
+        assert!(p.allowed(1_000 * MS));
+        p.spend(1_000 * MS, 11 * MS);
+        let mut ramped = p;
+        p.end_ramp(1_000 * MS);
+        // The debt is paid at 20% from then on (5 ms), not at the ramp's 2% of this age (50 ms).
+        assert!(!p.allowed(1_004 * MS));
+        assert!(p.allowed(1_006 * MS));
+        assert!(!ramped.allowed(1_006 * MS));
+        // Then 10 ms of collapse per 50 ms.
+        p.spend(1_006 * MS, 10 * MS);
+        assert!(!p.allowed(1_050 * MS));
+        assert!(p.allowed(1_056 * MS));
+    }
+
+    #[test]
     fn a_running_total_is_charged_by_its_growth() {
         let mut p = ChargedPace::new(Pace::new(0.2, 25 * MS, 0));
         assert!(p.allows(10 * MS, 0), "2 ms earned, nothing spent");
@@ -178,11 +209,16 @@ mod tests {
             burst_ms in 0u64..50,
             ramp_ms in prop_oneof![Just(0u64), 1u64..20_000],
             steps in proptest::collection::vec((0u64..200 * MS, 0u64..10 * MS), 1..200),
+            ramp_ends_at in proptest::option::of(0usize..200),
         ) {
             let mut p = Pace::new(share, burst_ms * MS, ramp_ms * MS);
             let (mut now, mut spent, mut last) = (0u64, 0u64, 0u64);
-            for (gap, cost) in steps {
+            for (i, (gap, cost)) in steps.into_iter().enumerate() {
                 now += gap;
+                if ramp_ends_at == Some(i) {
+                    // Ended at any time, the bound holds with the share earned flat from 0.
+                    p.end_ramp(now);
+                }
                 if p.allowed(now) {
                     p.spend(now, cost);
                     spent += cost;
