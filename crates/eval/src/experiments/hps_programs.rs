@@ -33,7 +33,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{ensure, Context as _};
+use anyhow::{bail, ensure, Context as _};
 use pagewise_dlm::process::pagewise_binary;
 use pagewise_kernel::thp::ThpSetting;
 use pagewise_kernel::SettingsGuard;
@@ -230,6 +230,18 @@ impl Experiment for HpsPrograms {
                 },
             },
         ];
+        // PAGEWISE_HPS_PROGRAMS=memcached,redis (any of the names above) runs only those.
+        let progs = match std::env::var("PAGEWISE_HPS_PROGRAMS") {
+            Ok(v) => {
+                let want: Vec<&str> = v.split(',').map(str::trim).filter(|w| !w.is_empty()).collect();
+                let names: Vec<String> = progs.iter().map(|p| p.name.clone()).collect();
+                if let Some(bad) = want.iter().find(|w| !names.iter().any(|n| n == *w)) {
+                    bail!("PAGEWISE_HPS_PROGRAMS: no program {bad:?} (there are {})", names.join(", "));
+                }
+                progs.into_iter().filter(|p| want.contains(&p.name.as_str())).collect()
+            }
+            Err(_) => progs,
+        };
         let guard = SettingsGuard::new();
         let machine = ThpSetting::Enabled.read()?.active.clone();
         ctx.start_progress((progs.len() * CONFIGS.len() * reps) as u64, "runs");
