@@ -104,6 +104,18 @@ fn hot_array_under_hps(flags: &[&str]) -> Option<String> {
     Some(cpus)
 }
 
+/// listen(2) through the shim means what it means without it, and a program that listens is
+/// a server to HPS: the pace's ramp ends (the end-of-run line says so).
+#[test]
+fn listen_keeps_its_meaning_and_makes_the_program_a_server() {
+    let Some((direct, run, err)) = direct_and_under_hps("listen", &[], &[]) else { return };
+    let out = String::from_utf8_lossy(&direct.stdout);
+    assert!(out.contains("listen on a bound socket: 0\nconnect: 0\naccept: ok"), "{out}");
+    assert!(out.contains("listen on -1: -1 Bad file descriptor"), "{out}");
+    assert_eq!(String::from_utf8_lossy(&run.stdout), out, "{err}");
+    assert!(err.contains("since the program began serving at"), "the shim's listen did not reach HPS:\n{err}");
+}
+
 /// Promotion: the array written in 4 KiB pages, its hot part collapsed.
 #[test]
 fn hot_array_gives_the_same_checksum_and_gets_hugepages() {
