@@ -28,6 +28,8 @@
  *   freed. The child forgets the routed ranges (their addresses are its plain memory).
  * - Exit: the destructor reports and stops new routing; memory stays valid while other
  *   threads run on through exit().
+ * - listen(2) is watched, not changed: a program that listens is a server, and the arena
+ *   may treat it as one (HPS gives its promotion the whole pace share at once).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -406,20 +408,17 @@ PW_EXPORT void *pvalloc(size_t n) { return memalign(PW_PAGE, pw_page_up(n)); }
 
 /* ---- what the program is ---- */
 
+/* libc's listen, found at start (listen(2) is async-signal-safe, dlsym is not); before that,
+ * the system call itself. */
+static int (*_Atomic next_listen)(int, int);
+
 /* listen(2): a program that listens for connections is a server, which runs until it is
  * stopped; the arena may spend on it as on a long-running program (HPS: the pace's ramp
  * ends). Said once, by the program `pagewise run` started or a process it exec'd, never by a
  * forked child. */
 PW_EXPORT int listen(int fd, int backlog) {
-    static int (*_Atomic next_listen)(int, int);
     static _Atomic int told;
     int (*next)(int, int) = atomic_load(&next_listen);
-    if (!next) {
-        pw_in_shim++;
-        next = (int (*)(int, int))dlsym(RTLD_NEXT, "listen");
-        pw_in_shim--;
-        atomic_store(&next_listen, next);
-    }
     int rc = next ? next(fd, backlog) : (int)syscall(SYS_listen, fd, backlog);
     if (rc == 0 && pw_arena && pw_arena->serving && atomic_load(&pw_state) == S_ON && !atomic_exchange(&told, 1)) {
         int e = errno;
@@ -462,6 +461,7 @@ __attribute__((constructor)) static void shim_init(void) {
     report = getenv("PAGEWISE_PRELOAD_REPORT") != NULL;
     /* Only the program `pagewise run` started reports; processes it execs do not. */
     unsetenv("PAGEWISE_PRELOAD_REPORT");
+    atomic_store(&next_listen, (int (*)(int, int))dlsym(RTLD_NEXT, "listen"));
     pw_in_shim--;
     foreign(); /* found now, before the program's first allocation if it has not made one */
     pw_in_shim++;
