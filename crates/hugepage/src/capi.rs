@@ -271,7 +271,8 @@ pub extern "C" fn hps_preload_serving() -> c_int {
 /// tracking prolonged, and a server has run for seconds before its reads. Tracking has a bucket
 /// of its own at the same pace, charged with its handler's CPU time and the time spent arming:
 /// unpaced, observing GNU sort's buffer took 23–31 ms of its 0.8 s (4%; median of 8: 1.068×
-/// plain, 1.029× with tracking off).
+/// plain, 1.029× with tracking off). A program that listens for connections skips the ramp
+/// ([`hps_preload_serving`]): memcached's hugepages then come during its warm-up, not after.
 const PRELOAD_PACE_SHARE: f64 = 0.2;
 const PRELOAD_PACE_BURST: Duration = Duration::from_millis(25);
 const PRELOAD_PACE_RAMP: Duration = Duration::from_secs(10);
