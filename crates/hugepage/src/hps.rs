@@ -531,7 +531,7 @@ impl Hps {
     /// The program serves (it began listening for connections): promotion and tracking get
     /// their whole pace share from now on ([`Pace::end_ramp`]). A server runs until it is
     /// stopped, so the ramp — a guess from its age that it may end soon — would only put its
-    /// hugepages off (memcached's reads of 1.7 s after its fill paid 1.03–1.07× plain with the
+    /// hugepages off (memcached's reads of 1.7 s after its fill paid 0.96–1.10× plain with the
     /// ramp and ran 0.87–0.91× without it).
     pub fn program_serves(&self) {
         let now = self.shared.epoch.elapsed().as_nanos() as u64;
