@@ -18,24 +18,33 @@ pub(super) fn handler_thread(inner: &Inner) {
     let mut colocation = if inner.cfg.colocate { Colocation::new(1) } else { None };
     // The tuner counts this thread's CPU time as the runtime's, not the program's.
     inner.lock().handler_clock = pagewise_kernel::cpu::CpuClock::this_thread().ok();
+    // Until when the handler watches for the next fault instead of sleeping (see WATCH).
+    let mut watch_until: Option<std::time::Instant> = None;
     while !inner.stop.load(Ordering::Acquire) {
-        // While pinned, threads the program starts share its one CPU until the next check:
-        // check often.
-        let wait = if colocation.as_ref().is_some_and(Colocation::is_pinned) { 10 } else { 100 };
-        match pagewise_kernel::net::poll(fd, std::time::Duration::from_millis(wait)) {
-            Ok(true) => {}
-            Ok(false) => {
-                if let Some(c) = &mut colocation {
-                    c.check(None);
+        let watching = watch_until.is_some_and(|t| std::time::Instant::now() < t);
+        if !watching {
+            watch_until = None;
+            // While pinned, threads the program starts share its one CPU until the next
+            // check: check often.
+            let wait = if colocation.as_ref().is_some_and(Colocation::is_pinned) { 10 } else { 100 };
+            match pagewise_kernel::net::poll(fd, std::time::Duration::from_millis(wait)) {
+                Ok(true) => {}
+                Ok(false) => {
+                    if let Some(c) = &mut colocation {
+                        c.check(None);
+                    }
+                    continue;
                 }
-                continue;
+                Err(e) => crate::fatal(format_args!("pagewise dlm: waiting for faults failed: {e}")),
             }
-            Err(e) => crate::fatal(format_args!("pagewise dlm: waiting for faults failed: {e}")),
         }
         // One event per wake-up, then back to poll, which returns at once while more are
         // queued: reading on until EAGAIN would put one more system call on every fault's
         // path, between the reply's UFFDIO_COPY and the faulting thread running again when
-        // the two share a CPU (colocation).
+        // the two share a CPU (colocation). While watching, the read comes after the yield.
+        if watching {
+            std::thread::yield_now();
+        }
         match uffd.read_event() {
             Ok(Some(Event::Pagefault { addr, write, thread_id, .. })) => {
                 let pinned = match &mut colocation {
@@ -57,6 +66,9 @@ pub(super) fn handler_thread(inner: &Inner) {
                 if r.is_err() {
                     crate::fatal(format_args!("pagewise dlm: the fault handler failed at {addr:#x}"));
                 }
+                if colocation.as_ref().is_some_and(Colocation::is_pinned) {
+                    watch_until = Some(std::time::Instant::now() + WATCH);
+                }
             }
             Ok(Some(_) | None) => {}
             Err(e) => {
@@ -68,6 +80,12 @@ pub(super) fn handler_thread(inner: &Inner) {
         c.release();
     }
 }
+
+/// How long the handler, sharing one CPU with the program (colocation), stays runnable after a
+/// fault — yielding the CPU to the program between looks at the userfaultfd — before it
+/// sleeps in poll: a program paging at full speed faults again within that time, and then finds
+/// the handler ready instead of waking it.
+const WATCH: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// Result of a fault lookup.
 pub(crate) enum Served {
