@@ -8,7 +8,9 @@
  * half with memory too (memcached's slab pages are 1 MiB). Allocations up to CHUNK/4 are
  * therefore cut one after the other from shared CHUNK-sized arenas (pieces); a piece's memory
  * goes back as soon as it is freed (a hole punched in the memfd) and a chunk whose pieces are
- * all gone is freed whole. Larger allocations get an arena of their own.
+ * all gone is freed whole. Larger allocations get an arena of their own, and so does memory
+ * the program places itself (MAP_FIXED, a reservation it commits, a mapping at its hint):
+ * an arena exactly there (hps_arena_alloc_at), which may lie in a hole of a chunk.
  *
  * Parts of a piece the program unmaps or takes over (detach: its own MADV_HUGEPAGE, an
  * mprotect) are given up by HPS (hps_unmap, hps_detach): never tracked, collapsed or unmapped
@@ -52,6 +54,7 @@ struct pw_hps_stats {
 
 static int (*p_start)(double, uint32_t);
 static void *(*p_alloc)(size_t);
+static void *(*p_alloc_at)(void *, size_t); /* optional: older libpagewise lacks it */
 static int (*p_free)(void *);
 static int (*p_release)(void *, size_t);
 static int (*p_unmap)(void *, size_t);
@@ -64,6 +67,7 @@ static int (*p_serving)(void);         /* optional, likewise */
 static int hps_arena_init(void *lib) {
     p_start = (int (*)(double, uint32_t))dlsym(lib, "hps_preload_start");
     p_alloc = (void *(*)(size_t))dlsym(lib, "hps_arena_alloc");
+    p_alloc_at = (void *(*)(void *, size_t))dlsym(lib, "hps_arena_alloc_at");
     p_free = (int (*)(void *))dlsym(lib, "hps_arena_free");
     p_release = (int (*)(void *, size_t))dlsym(lib, "hps_release");
     p_unmap = (int (*)(void *, size_t))dlsym(lib, "hps_unmap");
@@ -154,6 +158,31 @@ static void *hps_arena_alloc(size_t len) {
     cur->used += whole;
     cur->live++;
     pthread_mutex_unlock(&mu);
+    return p;
+}
+
+/* Exactly [addr, addr+len), where the program placed a mapping (MAP_FIXED, a reservation it
+ * commits): an arena of its own, whose 2 MiB regions wholly inside can be promoted. On
+ * failure the range is left as a PROT_NONE reservation (no memory), for the shim to map or
+ * protect as the kernel would have. */
+static void *hps_arena_alloc_at(void *addr, size_t len) {
+    if (!p_alloc_at) {
+        errno = ENOSYS;
+        return NULL;
+    }
+    size_t whole = pw_page_up(len);
+    void *p = p_alloc_at(addr, whole);
+    if (!p)
+        return NULL;
+    pthread_mutex_lock(&mu);
+    int rc = record(p, whole, -1);
+    pthread_mutex_unlock(&mu);
+    if (rc < 0) {
+        p_free(p);
+        pw_sys_mmap(addr, whole, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        errno = ENOMEM;
+        return NULL;
+    }
     return p;
 }
 
@@ -310,7 +339,7 @@ const struct pw_arena pw_arena_hps = {
     .name = "hps",
     .init = hps_arena_init,
     .alloc = hps_arena_alloc,
-    .alloc_at = NULL,
+    .alloc_at = hps_arena_alloc_at,
     .free = hps_arena_free,
     .release_detached = hps_arena_release_detached,
     .discard = hps_arena_discard,

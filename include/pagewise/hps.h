@@ -69,6 +69,10 @@ int64_t hps_wait_signal(int timeout_ms); /* active pages notified; 0 on timeout 
 int64_t hps_process(void);               /* promoted regions + compacted pages */
 int64_t hps_get_active(struct hps_page *buf, size_t n);
 void *hps_arena_alloc(size_t len);
+/* Tracked memory at exactly [addr, addr+len) (page aligned), replacing what is mapped there
+ * (a mapping the caller placed: MAP_FIXED, a reservation it commits): addr, or NULL with errno
+ * set and the range left inaccessible, holding no memory. Free with hps_arena_free(addr). */
+void *hps_arena_alloc_at(void *addr, size_t len);
 int hps_arena_free(void *p);
 int hps_release(void *p, size_t len);
 /* Calls on part of an arena (page aligned), with the meaning Linux gives them on private

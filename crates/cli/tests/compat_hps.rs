@@ -104,12 +104,10 @@ fn perl_hashes_and_sorts_the_same() {
     same_under_hps(&jobs::perl(d.path(), 300_000));
 }
 
-/// The JVM's sums are the plain run's, with its large malloc'd areas (the JIT's, the class
-/// data's) in HPS's tracked memory. Its heap stays the kernel's under `pagewise hps run`: the
-/// JVM commits it with MAP_FIXED into a reservation of its own, and HPS makes arenas only
-/// where it places them (docs/hps.md); `pagewise run` routes such commits (compat_dlm.rs).
+/// The JVM's sums are the plain run's, with its heap in HPS's tracked memory: the JVM reserves
+/// it PROT_NONE and commits it with MAP_FIXED, and HPS makes an arena exactly there.
 #[test]
-fn jvm_gives_the_same_sums() {
+fn jvm_heap_is_in_hps_memory_and_gives_the_same_sums() {
     if !installed("java", &["-version"]) {
         return;
     }
@@ -120,7 +118,13 @@ fn jvm_gives_the_same_sums() {
         })
     });
     let routed = routed_allocations(&err, "hps").unwrap_or(0);
-    assert!(routed >= 1 && tracked > 0, "nothing of the JVM is in HPS memory ({routed} routed)\n{}", tail(&err));
+    assert!(routed >= 1, "nothing of the JVM is in HPS memory\n{}", tail(&err));
+    assert!(
+        tracked >= compat::JVM_HEAP_MIB << 20,
+        "only {tracked} bytes of the JVM are in HPS memory, not its {} MiB heap\n{}",
+        compat::JVM_HEAP_MIB,
+        tail(&err)
+    );
 }
 
 fn server_keeps_every_value(kind: Kind, program: &str, probe: &[&str]) {

@@ -456,6 +456,18 @@ pub extern "C" fn hps_arena_alloc(len: usize) -> *mut c_void {
     guarded_alloc(|| ensure_instance()?.alloc(len).map_err(|e| e.errno()))
 }
 
+/// Memory HPS tracks at exactly `[addr, addr+len)` (page aligned), mapped over what is there
+/// (`hps_arena_alloc_at`): `addr`, or NULL with errno set, the range then inaccessible and
+/// holding no memory, as a PROT_NONE reservation. Freed with `hps_arena_free(addr)`.
+///
+/// # Safety
+/// The caller owns `[addr, addr+len)`: what is mapped there is replaced.
+#[no_mangle]
+pub unsafe extern "C" fn hps_arena_alloc_at(addr: *mut c_void, len: usize) -> *mut c_void {
+    // SAFETY: the caller's contract.
+    guarded_alloc(|| unsafe { ensure_instance()?.alloc_at(addr as usize, len) }.map_err(|e| e.errno()))
+}
+
 /// Run an allocation for C: the pointer, or NULL with errno set (EIO when it panicked).
 fn guarded_alloc(f: impl FnOnce() -> Result<*mut u8, i32> + std::panic::UnwindSafe) -> *mut c_void {
     match std::panic::catch_unwind(f) {

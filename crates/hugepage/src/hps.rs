@@ -11,7 +11,7 @@ use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use pagewise_kernel::fd;
-use pagewise_kernel::mem::HUGE_PMD;
+use pagewise_kernel::mem::{MapOptions, Mapping, HUGE_PMD};
 use pagewise_kernel::signal;
 use pagewise_track::{report, Delivery, MinorTracker, RegionMode, TrackedArena, TrackerStats, PAGE};
 
@@ -187,6 +187,8 @@ struct Shared {
     pace: Mutex<Option<Pace>>,
     /// Tracking's pace (with [`HpsConfig::track_pace`]).
     track_pace: Mutex<Option<ChargedPace>>,
+    /// When a tracked fault was last timed, and what it cost (`period::fault_ns`).
+    fault_timed: Mutex<Option<(Instant, u64)>>,
     budget: Mutex<Option<Budget>>,
     tracking: AtomicBool,
     stop: AtomicBool,
@@ -282,6 +284,7 @@ impl Hps {
             backoff: Mutex::new(Backoff::default()),
             pace: Mutex::new(pace),
             track_pace: Mutex::new(track_pace),
+            fault_timed: Mutex::new(None),
             budget: Mutex::new(budget),
             tracking: AtomicBool::new(true),
             stop: AtomicBool::new(false),
@@ -376,12 +379,46 @@ impl Hps {
         Ok(p)
     }
 
-    /// Free an arena from [`Hps::alloc`].
+    /// Memory HPS tracks at exactly `[addr, addr+len)` (page aligned), mapped over what the
+    /// program placed there (MAP_FIXED, a reservation it commits): the 2 MiB regions wholly
+    /// inside can be promoted, the partial ones at either end are tracked and never collapsed.
+    ///
+    /// # Safety
+    /// The caller owns `[addr, addr+len)`; what is mapped there now is replaced.
+    pub unsafe fn alloc_at(&self, addr: usize, len: usize) -> Result<*mut u8> {
+        // SAFETY: the caller's contract.
+        let arena = unsafe { TrackedArena::at("pagewise-hps", addr, len) }?;
+        if let Err(e) = self.shared.tracker.track_parts(arena.addr(), arena.len(), &arena.live_parts(addr, len)) {
+            // Leave the range as a reservation would be (inaccessible, no memory), for the
+            // caller to map or protect as it would have without HPS.
+            arena.give_up(addr, len)?;
+            let none = MapOptions { no_access: true, noreserve: true, ..Default::default() };
+            // SAFETY: the caller owns the range; the arena let go of it above.
+            let _ = unsafe { Mapping::anonymous_at(addr, len, &none) }?.into_raw();
+            return Err(e.into());
+        }
+        self.shared.arenas.lock().expect("arenas lock").push(arena);
+        self.shared.idle_periods.store(0, Ordering::Relaxed);
+        self.shared.new_memory.store(true, Ordering::Release);
+        self.shared.wake();
+        Ok(addr as *mut u8)
+    }
+
+    /// Free an arena from [`Hps::alloc`] or [`Hps::alloc_at`] (`ptr`: what it returned).
     pub fn free(&self, ptr: *mut u8) -> Result<()> {
         let addr = ptr as usize;
         let mut arenas = self.shared.arenas.lock().expect("arenas lock");
-        let pos = arenas.iter().position(|a| a.addr() == addr).ok_or(pagewise_track::Error::NotTracked(addr))?;
-        self.shared.tracker.untrack(addr)?;
+        let pos = arenas.iter().position(|a| a.view_addr() == addr).ok_or(pagewise_track::Error::NotTracked(addr))?;
+        let a = &arenas[pos];
+        // Its range is the one holding what is left of its view (another arena's may share
+        // its start); an arena of which nothing is left was freed when the last part went.
+        let live = a.live_parts(a.addr(), a.len());
+        let range = live.first().and_then(|&(at, _)| self.shared.tracker.range_of(at));
+        let addr = a.addr();
+        match range {
+            Some(r) => self.shared.tracker.untrack_range(&r)?,
+            None => self.shared.tracker.untrack(addr)?,
+        }
         if let Some(f) = &self.shared.fill {
             f.forget_arena(addr);
         }
@@ -393,10 +430,7 @@ impl Hps {
     /// object moved to the hugepage arena.
     pub fn release(&self, addr: usize, len: usize) -> Result<()> {
         let arenas = self.shared.arenas.lock().expect("arenas lock");
-        let a = arenas
-            .iter()
-            .find(|a| addr >= a.addr() && addr < a.addr() + a.len())
-            .ok_or(pagewise_track::Error::NotTracked(addr))?;
+        let a = arenas.iter().find(|a| a.owns(addr, len)).ok_or(pagewise_track::Error::NotTracked(addr))?;
         a.release(addr, len)?;
         drop(arenas);
         if let Some(r) = self.shared.tracker.range_of(addr) {
@@ -429,12 +463,12 @@ impl Hps {
     pub fn detach(&self, addr: usize, len: usize) -> Result<()> {
         use pagewise_kernel::mem::{move_mapping, munmap, MapOptions, Mapping};
         let arenas = self.shared.arenas.lock().expect("arenas lock");
-        let a = arenas
-            .iter()
-            .find(|a| addr >= a.addr() && addr + len <= a.addr() + a.len())
-            .ok_or(pagewise_track::Error::NotTracked(addr))?;
-        // The tracker lets go first: no arming or collapsing of the range from here on.
-        self.shared.tracker.forget(addr, len)?;
+        let a = arenas.iter().find(|a| a.owns(addr, len)).ok_or(pagewise_track::Error::NotTracked(addr))?;
+        // The tracker lets go first: no arming or collapsing of the range from here on. Its
+        // range is taken now: once forgotten, the pages no longer say which range they were
+        // (another's may span them too, `TrackedRange::holds`).
+        let range = self.shared.tracker.range_of(addr).ok_or(pagewise_track::Error::NotTracked(addr))?;
+        range.forget(range.page_of(addr), len.div_ceil(PAGE));
         let copy = Mapping::anonymous(len, &MapOptions::default())?;
         // SAFETY: `copy` is a fresh mapping of `len` bytes; the program does not write the
         // range it is taking over while it asks for it.
@@ -447,24 +481,33 @@ impl Hps {
             return Err(e.into());
         }
         drop(arenas);
-        self.give_up(addr, len, |_, _| Ok(()))
+        self.give_up_in(&range, addr, len, |_, _| Ok(()))
     }
 
     /// Forget `[addr, addr+len)` in the tracker (waiting for its work there), release its
     /// memory and mark it the arena's no more; `then` does what the caller does to the range;
     /// the arena goes once nothing of it is left.
     fn give_up(&self, addr: usize, len: usize, then: impl FnOnce(usize, usize) -> Result<()>) -> Result<()> {
+        let range = self.shared.tracker.range_of(addr).ok_or(pagewise_track::Error::NotTracked(addr))?;
+        self.give_up_in(&range, addr, len, then)
+    }
+
+    /// [`Hps::give_up`] of a range of `range`'s, the tracked range that held it.
+    fn give_up_in(
+        &self,
+        range: &Arc<pagewise_track::TrackedRange>,
+        addr: usize,
+        len: usize,
+        then: impl FnOnce(usize, usize) -> Result<()>,
+    ) -> Result<()> {
         let mut arenas = self.shared.arenas.lock().expect("arenas lock");
-        let pos = arenas
-            .iter()
-            .position(|a| addr >= a.addr() && addr + len <= a.addr() + a.len())
-            .ok_or(pagewise_track::Error::NotTracked(addr))?;
-        self.shared.tracker.forget(addr, len)?;
+        let pos = arenas.iter().position(|a| a.owns(addr, len)).ok_or(pagewise_track::Error::NotTracked(addr))?;
+        range.forget(range.page_of(addr), len.div_ceil(PAGE));
         arenas[pos].give_up(addr, len)?;
         then(addr, len)?;
         if arenas[pos].all_given_up() {
-            let a = arenas.remove(pos);
-            self.shared.tracker.untrack(a.addr())?;
+            drop(arenas.remove(pos));
+            self.shared.tracker.untrack_range(range)?;
         }
         Ok(())
     }

@@ -112,6 +112,27 @@ impl ChargedPace {
     pub fn end_ramp(&mut self, now_ns: u64) {
         self.pace.end_ramp(now_ns);
     }
+
+    /// Charge as [`ChargedPace::allows`], then what a use starting at `now_ns` may spend: the
+    /// CPU time saved up, or `None` while in debt (or with nothing saved).
+    pub fn affordable_ns(&mut self, now_ns: u64, total_ns: u64) -> Option<f64> {
+        self.allows(now_ns, total_ns).then_some(self.pace.tokens_ns)
+    }
+}
+
+/// Fewest faults per armed page a period is planned for: a program whose armed pages went
+/// mostly untouched so far may touch all of the next period's, and then overspends the pace
+/// by at most this factor's inverse (8×) before the debt holds tracking back.
+pub const MIN_FAULT_RATIO: f64 = 0.125;
+
+/// How many pages a tracking period may arm with `tokens_ns` to spend, when a fault costs the
+/// program `fault_ns` and a `fault_ratio` of armed pages has faulted so far (`None`: no
+/// history; every armed page is assumed touched). A period's faults are paid after it starts,
+/// so what it arms is its cost: a whole 770 MiB heap armed at once cost a JVM 9% of its run.
+pub fn affordable_pages(tokens_ns: f64, fault_ns: f64, fault_ratio: Option<f64>) -> usize {
+    let ratio = fault_ratio.unwrap_or(1.0).clamp(MIN_FAULT_RATIO, 1.0);
+    let per_page = (fault_ns * ratio).max(1.0);
+    (tokens_ns.max(0.0) / per_page) as usize
 }
 
 #[cfg(test)]
@@ -190,6 +211,33 @@ mod tests {
         // A total that reads lower (a clock read before another) charges nothing.
         assert!(p.allows(27 * MS, 4 * MS));
         assert!(!p.allows(28 * MS, 6 * MS), "1 ms more than the highest total charged");
+    }
+
+    #[test]
+    fn a_period_arms_what_its_faults_can_pay() {
+        // 2 ms saved, 50 µs a fault: 40 pages all touched, 160 when a quarter are.
+        assert_eq!(affordable_pages(2e6, 50e3, None), 40);
+        assert_eq!(affordable_pages(2e6, 50e3, Some(0.25)), 160);
+        // A history of untouched pages counts for at most an eighth.
+        assert_eq!(affordable_pages(2e6, 50e3, Some(0.0)), 320);
+        assert_eq!(affordable_pages(-1e6, 50e3, None), 0);
+        let mut p = ChargedPace::new(Pace::new(0.2, 25 * MS, 0));
+        assert_eq!(p.affordable_ns(10 * MS, 0), Some(2e6));
+        assert_eq!(p.affordable_ns(20 * MS, 5 * MS), None, "in debt");
+    }
+
+    proptest! {
+        /// Whatever the cost and history, the pages planned, all faulting, cost at most the
+        /// tokens over the least fault ratio.
+        #[test]
+        fn planned_faults_never_cost_more_than_the_tokens_allow(
+            tokens in 0.0f64..1e9, fault_ns in 10.0f64..1e6, ratio in proptest::option::of(0.0f64..1.0),
+        ) {
+            let pages = affordable_pages(tokens, fault_ns, ratio) as f64;
+            prop_assert!(pages * fault_ns * MIN_FAULT_RATIO <= tokens + 1e-6);
+            let r = ratio.unwrap_or(1.0).max(MIN_FAULT_RATIO);
+            prop_assert!((pages + 1.0) * fault_ns * r > tokens, "not the most affordable: {pages}");
+        }
     }
 
     #[test]

@@ -230,3 +230,47 @@ fn the_host_budget_caps_promotions_and_the_rest_falls_back_to_observation() {
     let table = std::fs::read_to_string(pagewise_hugepage::fairness::default_path()).unwrap_or_default();
     assert!(!table.lines().any(|l| l.split_whitespace().next() == Some(me.as_str())), "left the table: {table}");
 }
+
+/// An arena made where the program placed a mapping (a reservation it commits, as a JVM does
+/// with its heap) at an address that is not 2 MiB aligned: its data is the program's, the
+/// regions wholly inside it are promoted, and the reservation around it stays as it was, also
+/// once the arena is freed.
+#[test]
+fn an_arena_placed_by_the_program_promotes_its_whole_regions_and_leaves_its_neighbours() {
+    use pagewise_kernel::mem::{mprotect, MapOptions, Mapping, Protection};
+    let Some(hps) = manual(HpsConfig { publish: false, ..Default::default() }) else { return };
+    let reservation = Mapping::anonymous(
+        10 << 20,
+        &MapOptions { no_access: true, noreserve: true, align: Some(HUGE_PMD), ..Default::default() },
+    )
+    .unwrap();
+    let (addr, len) = (reservation.addr() + (1 << 20), 5 << 20);
+    // SAFETY: inside our own reservation.
+    let p = unsafe { hps.alloc_at(addr, len) }.unwrap() as usize;
+    assert_eq!(p, addr);
+    for page in 0..len / PAGE {
+        touch(addr + page * PAGE);
+    }
+    // SAFETY: the arena's view.
+    unsafe { ((addr + 4096 * 300 + 8) as *mut u64).write(0x5eed) };
+    hps.run_period().unwrap();
+    for page in 0..len / PAGE {
+        touch(addr + page * PAGE);
+    }
+    let out = hps.process().unwrap();
+    assert_eq!(out.promoted, 2, "only the two regions wholly inside: {out:?}");
+    assert_eq!(pmd_mapped_bytes(addr).unwrap(), 4 << 20);
+    // SAFETY: as above.
+    assert_eq!(unsafe { ((addr + 4096 * 300 + 8) as *const u64).read() }, 0x5eed);
+    // The reservation on either side is still mapped (mprotect fails on an unmapped range).
+    let before = (reservation.addr(), 1 << 20);
+    let after = (addr + len, (10 << 20) - (1 << 20) - len);
+    for (a, n) in [before, after] {
+        mprotect(a, n, Protection::None).unwrap();
+    }
+    hps.free(p as *mut u8).unwrap();
+    for (a, n) in [before, after] {
+        mprotect(a, n, Protection::None).unwrap();
+    }
+    assert!(mprotect(addr, len, Protection::None).is_err(), "the arena's view is unmapped with it");
+}

@@ -291,6 +291,15 @@ impl Mapping {
         Self::map(len, opts, Some(fd.as_raw_fd()), offset, None)
     }
 
+    /// A mapping of `len` bytes of `fd` from `offset` at `addr` (MAP_FIXED), replacing whatever
+    /// is mapped there; `opts.align` is ignored.
+    ///
+    /// # Safety
+    /// As [`Mapping::anonymous_at`]: the caller owns `[addr, addr+len)`.
+    pub unsafe fn of_fd_at(fd: &impl AsRawFd, addr: usize, len: usize, offset: u64, opts: &MapOptions) -> Result<Self> {
+        Self::map(len, opts, Some(fd.as_raw_fd()), offset, Some(addr))
+    }
+
     fn map(len: usize, opts: &MapOptions, fd: Option<RawFd>, offset: u64, fixed: Option<usize>) -> Result<Self> {
         if len == 0 {
             return Err(Error::Invalid("cannot map zero bytes".into()));

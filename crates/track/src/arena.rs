@@ -22,6 +22,11 @@ use crate::Result;
 pub struct TrackedArena {
     addr: usize,
     len: usize,
+    /// Where the view starts: `addr`, or inside the first region for an arena made [`at`] an
+    /// address.
+    ///
+    /// [`at`]: TrackedArena::at
+    view: usize,
     alias: Mapping,
     /// Ranges of the view that are no longer the arena's, sorted: unmapped by the program or
     /// detached (plain memory of its own now). Never unmapped, punched or counted again.
@@ -52,11 +57,47 @@ impl TrackedArena {
         // The alias is the runtime's: a child made by fork(2) has no use for it.
         alias.advise(Advice::DontFork)?;
         let (addr, len) = view.into_raw();
-        Ok(TrackedArena { addr: addr as usize, len, alias, holes: Mutex::new(Vec::new()) })
+        Ok(TrackedArena { addr: addr as usize, len, view: addr as usize, alias, holes: Mutex::new(Vec::new()) })
     }
 
+    /// An arena whose view is exactly `[addr, addr+len)` (page aligned), mapped over whatever
+    /// is there: where the program placed a mapping of its own (MAP_FIXED, a reservation it
+    /// commits). The arena spans the 2 MiB regions around it, each page of the view at the
+    /// memfd offset that keeps it congruent to its address modulo 2 MiB, so the regions wholly
+    /// inside can be collapsed; the parts of the span outside the view are never the arena's
+    /// (holes from the start: another mapping's, never touched, punched or unmapped).
+    ///
+    /// # Safety
+    /// The caller owns `[addr, addr+len)` (the program handed it over to be replaced).
+    pub unsafe fn at(name: &str, addr: usize, len: usize) -> Result<Self> {
+        let page = mem::page_size();
+        if len == 0 || !addr.is_multiple_of(page) || !len.is_multiple_of(page) {
+            return Err(crate::Error::Kernel(pagewise_kernel::Error::Invalid(format!(
+                "arena view {addr:#x}+{len:#x} is not page aligned"
+            ))));
+        }
+        let lo = addr - addr % HUGE_PMD;
+        let hi = align_up(addr + len, HUGE_PMD);
+        let fd = mem::memfd_create(name, None)?;
+        mem::ftruncate(&fd, (hi - lo) as u64)?;
+        let shared = MapOptions { shared: true, ..Default::default() };
+        let alias = Mapping::of_fd(&fd, hi - lo, 0, &shared)?;
+        alias.advise(Advice::DontFork)?;
+        // SAFETY: the caller owns the range (this function's contract).
+        let view = unsafe { Mapping::of_fd_at(&fd, addr, len, (addr - lo) as u64, &shared) }?;
+        let _ = view.into_raw();
+        let holes = [(lo, addr - lo), (addr + len, hi - addr - len)].into_iter().filter(|&(_, n)| n > 0).collect();
+        Ok(TrackedArena { addr: lo, len: hi - lo, view: addr, alias, holes: Mutex::new(holes) })
+    }
+
+    /// The first of its 2 MiB regions.
     pub fn addr(&self) -> usize {
         self.addr
+    }
+
+    /// The first byte the program was given.
+    pub fn view_addr(&self) -> usize {
+        self.view
     }
 
     pub fn len(&self) -> usize {
@@ -144,6 +185,15 @@ impl TrackedArena {
         holes.push((addr, len));
         holes.sort_unstable();
         Ok(())
+    }
+
+    /// Whether all of `[addr, addr+len)` is still the arena's: arenas' spans may overlap
+    /// (one made [`at`] an address in another's hole), and a range belongs to the one that
+    /// owns it.
+    ///
+    /// [`at`]: TrackedArena::at
+    pub fn owns(&self, addr: usize, len: usize) -> bool {
+        len > 0 && self.live_parts(addr, len) == [(addr, len)] && self.check(addr, len).is_ok()
     }
 
     /// Whether nothing of the view is the arena's any more.

@@ -23,6 +23,8 @@ use pagewise_kernel::mem::{self, Advice};
 use pagewise_kernel::signal::WhileHandling;
 use pagewise_kernel::uffd::{self, feature, Event, RegisterMode, Uffd, UffdBuilder};
 
+mod fault_cost;
+
 use crate::plan::{self, PlanConfig, RegionMode};
 use crate::table::Table;
 use crate::{Error, Result, PAGE, PAGES_PER_REGION};
@@ -94,6 +96,14 @@ impl TrackedRange {
 
     pub fn contains(&self, addr: usize) -> bool {
         addr >= self.start && addr < self.start + self.len
+    }
+
+    /// Whether `addr` is in the range and its page still tracked: ranges may overlap where
+    /// one has forgotten pages another now tracks (an arena made by the program's MAP_FIXED
+    /// in a hole of another, `crate::TrackedArena::at`), and a page belongs to the one that
+    /// holds it.
+    pub fn holds(&self, addr: usize) -> bool {
+        self.contains(addr) && !self.gone[self.page_of(addr)].load(Ordering::Relaxed)
     }
 
     /// acscount of page `i`.
@@ -207,6 +217,8 @@ pub struct TrackerStats {
     pub arm_ns: u64,
     /// CPU time of the fault-handler thread, ns.
     pub handler_cpu_ns: u64,
+    /// Of `faults`, those served while the handler did not share the faulting thread's CPU.
+    pub unpinned_faults: u64,
 }
 
 /// How minor faults reach the tracker.
@@ -250,7 +262,8 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         let (s, e) = (slot.start.load(Ordering::Acquire), slot.end.load(Ordering::Acquire));
         if page >= s && page < e {
             let r = slot.range.load(Ordering::Acquire);
-            if !r.is_null() {
+            // SAFETY: as below.
+            if !r.is_null() && unsafe { &*r }.holds(page) {
                 // SAFETY: published ranges stay alive until the tracker is dropped (see Slot).
                 unsafe { &*r }.record_fault(page);
                 SIGBUS_FAULTS.fetch_add(1, Ordering::Relaxed);
@@ -284,6 +297,14 @@ struct Inner {
     armed_pages: AtomicU64,
     faults: AtomicU64,
     arm_ns: AtomicU64,
+    /// Faults served while the handler did not share the faulting thread's CPU: each cost
+    /// that thread two cross-CPU wake-ups besides the handler's work (`crate::fault_cost`).
+    unpinned_faults: AtomicU64,
+    /// Whether the handler shares the program's one thread's CPU now (colocation).
+    pinned: AtomicBool,
+    /// The page the tracker faults on itself to time a fault (`crate::fault_cost`): served,
+    /// never counted, never a reason to pin or release a thread. 0: none.
+    probe_page: AtomicUsize,
     /// The handler thread's CPU clock, read by whoever asks for the stats (the thread lives
     /// as long as the tracker): a thread reading its own clock is a system call, about 1 µs
     /// here, too dear to pay per fault.
@@ -360,6 +381,9 @@ impl MinorTracker {
             armed_pages: AtomicU64::new(0),
             faults: AtomicU64::new(0),
             arm_ns: AtomicU64::new(0),
+            unpinned_faults: AtomicU64::new(0),
+            pinned: AtomicBool::new(false),
+            probe_page: AtomicUsize::new(0),
             handler_clock: Mutex::new(None),
         });
         let handle = if delivery == Delivery::HandlerThread {
@@ -381,14 +405,35 @@ impl MinorTracker {
         self.inner.delivery
     }
 
+    /// Whether the handler thread shares the program's one thread's CPU now (colocation):
+    /// a fault then costs no cross-CPU wake-up.
+    pub fn colocated(&self) -> bool {
+        self.inner.pinned.load(Ordering::Relaxed)
+    }
+
     /// Start tracking `[start, start+len)` (a shared-memory mapping, page aligned).
     pub fn track(&self, start: usize, len: usize) -> Result<Arc<TrackedRange>> {
-        if len == 0 || !start.is_multiple_of(PAGE) || !len.is_multiple_of(PAGE) {
+        self.track_parts(start, len, &[(start, len)])
+    }
+
+    /// Start tracking the parts `live` (address, length) of `[start, start+len)`, page aligned
+    /// and inside it; the rest is forgotten from the start, never registered or armed (not
+    /// the caller's memory: an arena whose view covers only part of its regions).
+    pub fn track_parts(&self, start: usize, len: usize, live: &[(usize, usize)]) -> Result<Arc<TrackedRange>> {
+        let aligned = |a: usize, n: usize| n > 0 && a.is_multiple_of(PAGE) && n.is_multiple_of(PAGE);
+        if !aligned(start, len) || !live.iter().all(|&(a, n)| aligned(a, n) && a >= start && a + n <= start + len) {
             return Err(Error::Kernel(pagewise_kernel::Error::Invalid(format!(
-                "tracked range {start:#x}+{len:#x} is not page aligned"
+                "tracked range {start:#x}+{len:#x} (parts {live:x?}) is not page aligned"
             ))));
         }
         let range = Arc::new(TrackedRange::new(start, len)?);
+        let mut at = start;
+        for &(a, n) in live.iter().chain([(start + len, 0)].iter()) {
+            if a > at {
+                range.forget((at - start) / PAGE, (a - at) / PAGE);
+            }
+            at = at.max(a + n);
+        }
         if self.inner.delivery == Delivery::Sigbus {
             let slot = SIGBUS_SLOTS
                 .iter()
@@ -398,9 +443,14 @@ impl MinorTracker {
             slot.start.store(start, Ordering::Release);
             slot.end.store(start + len, Ordering::Release);
         }
-        if let Err(e) = self.inner.uffd.register(start, len, RegisterMode { minor: true, ..Default::default() }) {
-            retire_slot(start);
-            return Err(e.into());
+        for (i, &(a, n)) in live.iter().enumerate() {
+            if let Err(e) = self.inner.uffd.register(a, n, RegisterMode { minor: true, ..Default::default() }) {
+                for &(a, n) in &live[..i] {
+                    let _ = self.inner.uffd.unregister(a, n);
+                }
+                retire_slot(start);
+                return Err(e.into());
+            }
         }
         self.inner.ranges.write().expect("ranges lock").push(range.clone());
         Ok(range)
@@ -408,8 +458,12 @@ impl MinorTracker {
 
     /// Stop tracking the range starting at `start`; its pages stay mapped as they are.
     pub fn untrack(&self, start: usize) -> Result<()> {
+        self.untrack_where(|r| r.start == start, start)
+    }
+
+    fn untrack_where(&self, which: impl Fn(&Arc<TrackedRange>) -> bool, start: usize) -> Result<()> {
         let mut ranges = self.inner.ranges.write().expect("ranges lock");
-        let pos = ranges.iter().position(|r| r.start == start).ok_or(Error::NotTracked(start))?;
+        let pos = ranges.iter().position(which).ok_or(Error::NotTracked(start))?;
         let r = ranges.remove(pos);
         for (first, count) in r.live_runs(0, r.pages()) {
             self.inner.uffd.unregister(r.start + first * PAGE, count * PAGE)?;
@@ -435,7 +489,14 @@ impl MinorTracker {
 
     /// The range containing `addr`.
     pub fn range_of(&self, addr: usize) -> Option<Arc<TrackedRange>> {
-        self.inner.ranges.read().expect("ranges lock").iter().find(|r| r.contains(addr)).cloned()
+        let ranges = self.inner.ranges.read().expect("ranges lock");
+        ranges.iter().find(|r| r.holds(addr)).or_else(|| ranges.iter().find(|r| r.contains(addr))).cloned()
+    }
+
+    /// Stop tracking `range` (one of [`MinorTracker::ranges`]): as [`MinorTracker::untrack`],
+    /// for ranges that may share a start.
+    pub fn untrack_range(&self, range: &Arc<TrackedRange>) -> Result<()> {
+        self.untrack_where(|r| Arc::ptr_eq(r, range), range.start)
     }
 
     /// Clear the "accessed bit" of pages `[first, first+count)` of `range`.
@@ -538,6 +599,7 @@ impl MinorTracker {
                 .expect("handler clock lock")
                 .as_ref()
                 .map_or(0, |c| c.now().as_nanos() as u64),
+            unpinned_faults: i.unpinned_faults.load(Ordering::Relaxed),
         }
     }
 }
@@ -608,14 +670,21 @@ fn serve(inner: &Inner, colocate: Option<u32>) {
         loop {
             match inner.uffd.read_event() {
                 Ok(Some(Event::Pagefault { addr, thread_id, .. })) => {
-                    if let (Some(c), true) = (&mut colocation, thread_id != 0) {
-                        c.check(Some(thread_id));
-                    }
                     let page = addr & !(PAGE - 1);
-                    if let Some(r) = inner.ranges.read().expect("ranges lock").iter().find(|r| r.contains(page)) {
-                        r.record_fault(page);
+                    if page != inner.probe_page.load(Ordering::Acquire) {
+                        if let (Some(c), true) = (&mut colocation, thread_id != 0) {
+                            c.check(Some(thread_id));
+                        }
+                        let pinned = colocation.as_ref().is_some_and(Colocation::is_pinned);
+                        inner.pinned.store(pinned, Ordering::Relaxed);
+                        if let Some(r) = inner.ranges.read().expect("ranges lock").iter().find(|r| r.holds(page)) {
+                            r.record_fault(page);
+                        }
+                        inner.faults.fetch_add(1, Ordering::Relaxed);
+                        if !pinned {
+                            inner.unpinned_faults.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
-                    inner.faults.fetch_add(1, Ordering::Relaxed);
                     // EEXIST: another thread's fault on the same page was resolved first; the
                     // waiters still need waking.
                     if inner.uffd.continue_range(page, PAGE, true).is_err() {

@@ -108,7 +108,8 @@ impl FillWatch {
             fronts.rotate_left(1);
         }
         for (addr, f, taken) in fronts.iter_mut().filter(|(_, f, _)| f.active()) {
-            let (Some(arena), Some(range)) = (arenas.iter().find(|a| a.addr() == *addr), s.tracker.range_of(*addr))
+            let (Some(arena), Some(range)) =
+                (arenas.iter().find(|a| a.view_addr() == *addr), s.tracker.range_of(*addr))
             else {
                 continue;
             };

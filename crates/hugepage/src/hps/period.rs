@@ -306,11 +306,11 @@ pub(super) fn tracking_loop(s: &Shared) {
         if s.stop.load(Ordering::Acquire) || !s.tracking.load(Ordering::Acquire) {
             continue;
         }
-        if !tracking_allowed(s) {
+        let Some(affordable) = tracking_budget(s, cfg.budget_pages) else {
             // Not a period at all: nothing armed, nothing counted towards convergence.
             s.paced_periods.fetch_add(1, Ordering::Relaxed);
             continue;
-        }
+        };
         let mut probe = false;
         if cfg.converge.is_some() {
             // A step that decided something, or put a promotion off (the pace), is not quiet:
@@ -371,8 +371,8 @@ pub(super) fn tracking_loop(s: &Shared) {
             }
         }
         let faults_before = s.tracker.stats().faults;
-        let plan =
-            if probe { PlanConfig { sample_pages: cfg.probe_pages.max(1), ..plan_cfg(&cfg) } } else { plan_cfg(&cfg) };
+        let plan = PlanConfig { budget_pages: affordable.max(1), ..plan_cfg(&cfg) };
+        let plan = if probe { PlanConfig { sample_pages: cfg.probe_pages.max(1), ..plan } } else { plan };
         if s.tracker.run_period(&plan).is_err() {
             continue;
         }
@@ -392,16 +392,43 @@ pub(super) fn tracking_loop(s: &Shared) {
     }
 }
 
-/// Whether tracking's pace allows a period now, after charging it what tracking has cost
-/// since the last look: the handler's CPU time serving the faults of pages armed so far, and
-/// the time spent arming them. On GNU sort of 64 MiB (0.8 s, a 256 MiB buffer) the two came to
-/// 23–31 ms, and the run took 33 ms longer than with tracking off.
-fn tracking_allowed(s: &Shared) -> bool {
+/// How many pages tracking's pace lets a period arm now (`None`: no period now), after
+/// charging it what tracking has cost since the last look: the time spent arming, the
+/// handler's CPU time serving the faults, and for each fault served while the handler did not
+/// share the faulting thread's CPU, that fault as a thread of the program sees it
+/// ([`fault_ns`]: the cross-CPU wake-ups are most of it). On GNU sort of 64 MiB (0.8 s, a
+/// 256 MiB buffer, one thread) the first two came to 23–31 ms, and the run took 33 ms longer
+/// than with tracking off; on a JVM (20 threads) the handler's CPU time was a tenth of what
+/// the faults cost it. A period then arms only what its faults can pay
+/// ([`crate::pace::affordable_pages`]).
+fn tracking_budget(s: &Shared, most: usize) -> Option<usize> {
     let mut guard = s.track_pace.lock().expect("track pace lock");
-    let Some(pace) = guard.as_mut() else { return true };
+    let Some(pace) = guard.as_mut() else { return Some(most) };
+    let fault = fault_ns(s);
     let t = s.tracker.stats();
-    pace.allows(s.epoch.elapsed().as_nanos() as u64, t.handler_cpu_ns + t.arm_ns)
+    let cost = t.handler_cpu_ns + t.arm_ns + t.unpinned_faults.saturating_mul(fault);
+    let tokens = pace.affordable_ns(s.epoch.elapsed().as_nanos() as u64, cost)?;
+    let handler_per_fault = t.handler_cpu_ns.checked_div(t.faults).unwrap_or(0);
+    let per_fault = if s.tracker.colocated() { handler_per_fault } else { fault + handler_per_fault };
+    let ratio = (t.armed_pages > 0).then(|| t.faults as f64 / t.armed_pages as f64);
+    Some(crate::pace::affordable_pages(tokens, per_fault as f64, ratio).min(most))
 }
+
+/// What a tracked fault costs a thread of the program when the handler is on another CPU, in
+/// ns: timed by the tracker on a page of its own (`MinorTracker::time_fault`), again every
+/// [`FAULT_RETIME`] (what a wake-up costs moves with the host's load), 0 under SIGBUS
+/// delivery (the faulting thread serves itself: the handler's CPU time is the cost).
+fn fault_ns(s: &Shared) -> u64 {
+    let mut timed = s.fault_timed.lock().expect("fault timing lock");
+    if timed.is_none_or(|(at, _)| at.elapsed() >= FAULT_RETIME) {
+        let ns = s.tracker.time_fault(5).ok().flatten().map_or(0, |d| d.as_nanos() as u64);
+        *timed = Some((Instant::now(), ns));
+    }
+    timed.map_or(0, |(_, ns)| ns)
+}
+
+/// How often [`fault_ns`] times a fault again.
+const FAULT_RETIME: Duration = Duration::from_secs(5);
 
 impl Shared {
     /// End the tracking thread's sleep early (it re-checks why it sleeps).
