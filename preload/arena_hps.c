@@ -8,9 +8,10 @@
  * half with memory too (memcached's slab pages are 1 MiB). Allocations up to CHUNK/4 are
  * therefore cut one after the other from shared CHUNK-sized arenas (pieces); a piece's memory
  * goes back as soon as it is freed (a hole punched in the memfd) and a chunk whose pieces are
- * all gone is freed whole. Larger allocations get an arena of their own, and so does memory
- * the program places itself (MAP_FIXED, a reservation it commits, a mapping at its hint):
- * an arena exactly there (hps_arena_alloc_at), which may lie in a hole of a chunk.
+ * all gone is freed whole. Larger allocations get an arena of their own, and with
+ * `--track-placed` so does memory the program places itself (MAP_FIXED, a reservation it
+ * commits, a mapping at its hint): an arena exactly there (hps_arena_alloc_at), which may lie
+ * in a hole of a chunk.
  *
  * Parts of a piece the program unmaps or takes over (detach: its own MADV_HUGEPAGE, an
  * mprotect) are given up by HPS (hps_unmap, hps_detach): never tracked, collapsed or unmapped
@@ -63,6 +64,9 @@ static int (*p_detach)(void *, size_t);
 static int (*p_stats)(struct pw_hps_stats *);
 static int (*p_state)(char *, size_t); /* optional: older libpagewise lacks it */
 static int (*p_serving)(void);         /* optional, likewise */
+/* Memory the program places itself gets an arena (PAGEWISE_HPS_TRACK_PLACED=1,
+ * `--track-placed`); otherwise it stays the kernel's. */
+static int track_placed;
 
 static int hps_arena_init(void *lib) {
     p_start = (int (*)(double, uint32_t))dlsym(lib, "hps_preload_start");
@@ -78,6 +82,8 @@ static int hps_arena_init(void *lib) {
     p_serving = (int (*)(void))dlsym(lib, "hps_preload_serving");
     if (!p_start || !p_alloc || !p_free || !p_release || !p_unmap || !p_forget || !p_detach || !p_stats)
         return -ENOSYS;
+    const char *placed = getenv("PAGEWISE_HPS_TRACK_PLACED");
+    track_placed = placed && strcmp(placed, "1") == 0;
     const char *frac = getenv("PAGEWISE_HPS_PROMOTE_FRACTION");
     const char *interval = getenv("PAGEWISE_HPS_INTERVAL_MS");
     return p_start(frac ? strtod(frac, NULL) : 0.0, interval ? (uint32_t)strtoul(interval, NULL, 10) : 0);
@@ -166,10 +172,8 @@ static void *hps_arena_alloc(size_t len) {
  * failure the range is left as a PROT_NONE reservation (no memory), for the shim to map or
  * protect as the kernel would have. */
 static void *hps_arena_alloc_at(void *addr, size_t len) {
-    if (!p_alloc_at) {
-        errno = ENOSYS;
-        return NULL;
-    }
+    if (!track_placed || !p_alloc_at)
+        return NULL; /* the range untouched: the kernel maps or protects it */
     size_t whole = pw_page_up(len);
     void *p = p_alloc_at(addr, whole);
     if (!p)

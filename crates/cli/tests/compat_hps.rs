@@ -11,7 +11,7 @@ use pagewise_eval::programs::servers::{self, Kind};
 use pagewise_eval::programs::{jobs, routed_allocations, Outcome, Wrap};
 
 fn hps() -> Wrap {
-    Wrap::Hps { min_alloc: 1 << 20 }
+    Wrap::Hps { min_alloc: 1 << 20, track_placed: false }
 }
 
 /// `same_output` under HPS.
@@ -104,19 +104,21 @@ fn perl_hashes_and_sorts_the_same() {
     same_under_hps(&jobs::perl(d.path(), 300_000));
 }
 
-/// The JVM's sums are the plain run's, with its heap in HPS's tracked memory: the JVM reserves
-/// it PROT_NONE and commits it with MAP_FIXED, and HPS makes an arena exactly there.
+/// The JVM's sums are the plain run's, with its heap in HPS's tracked memory under
+/// `--track-placed`: the JVM reserves it PROT_NONE and commits it with MAP_FIXED, and HPS
+/// makes an arena exactly there.
 #[test]
 fn jvm_heap_is_in_hps_memory_and_gives_the_same_sums() {
     if !installed("java", &["-version"]) {
         return;
     }
     let d = scratch("hps-java");
-    let (tracked, err) = compat::jvm_same_sums(d.path(), &Wrap::Hps { min_alloc: 128 << 10 }, |pid| {
-        compat::mapping_bytes(pid, |header, _| {
-            header.split_whitespace().nth(5).is_some_and(|p| pagewise_track::is_arena_path(p, "pagewise-hps"))
-        })
-    });
+    let (tracked, err) =
+        compat::jvm_same_sums(d.path(), &Wrap::Hps { min_alloc: 128 << 10, track_placed: true }, |pid| {
+            compat::mapping_bytes(pid, |header, _| {
+                header.split_whitespace().nth(5).is_some_and(|p| pagewise_track::is_arena_path(p, "pagewise-hps"))
+            })
+        });
     let routed = routed_allocations(&err, "hps").unwrap_or(0);
     assert!(routed >= 1, "nothing of the JVM is in HPS memory\n{}", tail(&err));
     assert!(

@@ -123,6 +123,12 @@ fn dlm_gives_plain_memory_semantics_with_small_allocations_routed() {
 /// As above under HPS: the runtime's own threads allocate more than 16 KiB at times, which must
 /// never come from the arena they track.
 #[test]
+fn hps_gives_plain_memory_semantics_with_placed_memory_tracked() {
+    let (_dir, m) = model("model-hps-placed");
+    same_as_plain(&m, &["hps", "run", "--min-alloc", "16K", "--track-placed"], 512_001, 1500);
+}
+
+#[test]
 fn hps_gives_plain_memory_semantics_with_small_allocations_routed() {
     let (_dir, m) = model("model-hps-small");
     same_as_plain(&m, &["hps", "run", "--min-alloc", "16K"], 329_001, 1500);

@@ -12,7 +12,7 @@
 //! fault can never be missed by the count (a fault only exists after the drop).
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -24,186 +24,12 @@ use pagewise_kernel::signal::WhileHandling;
 use pagewise_kernel::uffd::{self, feature, Event, RegisterMode, Uffd, UffdBuilder};
 
 mod fault_cost;
+mod range;
+
+pub use range::TrackedRange;
 
 use crate::plan::{self, PlanConfig, RegionMode};
-use crate::table::Table;
-use crate::{Error, Result, PAGE, PAGES_PER_REGION};
-
-/// One tracked range: per-page counts and per-region modes.
-#[derive(Debug)]
-pub struct TrackedRange {
-    pub start: usize,
-    pub len: usize,
-    /// Periods in which the page was accessed (the paper's acscount).
-    acs: Table<AtomicU32>,
-    /// Periods in which the page was armed (observed).
-    obs: Table<AtomicU32>,
-    armed: Table<AtomicBool>,
-    /// Armed while not resident: credited by `settle` if it became resident.
-    absent: Table<AtomicBool>,
-    absent_count: AtomicUsize,
-    /// Seen resident at an earlier arming: mincore(2) is skipped for runs of such pages.
-    known_resident: Table<AtomicBool>,
-    /// No longer tracked (`forget`): unmapped or taken over; never armed again.
-    gone: Table<AtomicBool>,
-    /// Arming, settling and collapsing hold it shared, `forget` exclusively: once `forget`
-    /// returns, nothing the tracker does touches the forgotten pages' addresses, which the
-    /// program may unmap and the kernel give to another mapping.
-    ops: RwLock<()>,
-    modes: Box<[AtomicU8]>,
-    cursor: AtomicUsize,
-}
-
-/// Zero `a` unless it is: a table page that was never written stays unpopulated.
-fn clear(a: &AtomicU32) {
-    if a.load(Ordering::Relaxed) != 0 {
-        a.store(0, Ordering::Relaxed);
-    }
-}
-
-/// Clear flag `f`, writing only if it is set (as [`clear`]); true if this call cleared it.
-fn clear_flag(f: &AtomicBool) -> bool {
-    f.load(Ordering::Relaxed) && f.swap(false, Ordering::Relaxed)
-}
-
-impl TrackedRange {
-    fn new(start: usize, len: usize) -> Result<Self> {
-        let pages = len / PAGE;
-        let regions = pages.div_ceil(PAGES_PER_REGION);
-        Ok(TrackedRange {
-            start,
-            len,
-            acs: Table::zeroed(pages)?,
-            obs: Table::zeroed(pages)?,
-            armed: Table::zeroed(pages)?,
-            absent: Table::zeroed(pages)?,
-            absent_count: AtomicUsize::new(0),
-            known_resident: Table::zeroed(pages)?,
-            gone: Table::zeroed(pages)?,
-            ops: RwLock::new(()),
-            modes: (0..regions).map(|_| AtomicU8::new(RegionMode::Sample as u8)).collect(),
-            cursor: AtomicUsize::new(0),
-        })
-    }
-
-    pub fn pages(&self) -> usize {
-        self.acs.len()
-    }
-
-    pub fn regions(&self) -> usize {
-        self.modes.len()
-    }
-
-    pub fn contains(&self, addr: usize) -> bool {
-        addr >= self.start && addr < self.start + self.len
-    }
-
-    /// Whether `addr` is in the range and its page still tracked: ranges may overlap where
-    /// one has forgotten pages another now tracks (an arena made by the program's MAP_FIXED
-    /// in a hole of another, `crate::TrackedArena::at`), and a page belongs to the one that
-    /// holds it.
-    pub fn holds(&self, addr: usize) -> bool {
-        self.contains(addr) && !self.gone[self.page_of(addr)].load(Ordering::Relaxed)
-    }
-
-    /// acscount of page `i`.
-    pub fn acs(&self, i: usize) -> u32 {
-        self.acs[i].load(Ordering::Relaxed)
-    }
-
-    /// Periods in which page `i` was observed.
-    pub fn obs(&self, i: usize) -> u32 {
-        self.obs[i].load(Ordering::Relaxed)
-    }
-
-    /// All acscounts.
-    pub fn counts(&self) -> Vec<u32> {
-        self.acs.iter().map(|a| a.load(Ordering::Relaxed)).collect()
-    }
-
-    pub fn mode(&self, region: usize) -> RegionMode {
-        RegionMode::from_u8(self.modes[region].load(Ordering::Relaxed))
-    }
-
-    pub fn set_mode(&self, region: usize, mode: RegionMode) {
-        self.modes[region].store(mode as u8, Ordering::Relaxed);
-    }
-
-    /// Forget page `i`'s history (after its contents moved away or were released). Stores only
-    /// what is set: the tables stay unpopulated where a page never had a history (a store of
-    /// zero would still fault in a page of the table; forgetting a 2 GiB allocation the program
-    /// took over wrote 6 MiB of them).
-    pub fn reset_page(&self, i: usize) {
-        clear(&self.acs[i]);
-        clear(&self.obs[i]);
-        clear_flag(&self.known_resident[i]);
-    }
-
-    /// Stop tracking pages `[first, first + count)` for good (the program unmaps them or takes
-    /// them over): waits for arming, settling or collapsing under way, then they are never
-    /// armed or collapsed again.
-    pub fn forget(&self, first: usize, count: usize) {
-        let _ops = self.ops.write().unwrap_or_else(|e| e.into_inner());
-        for i in first..(first + count).min(self.pages()) {
-            self.gone[i].store(true, Ordering::Relaxed);
-            clear_flag(&self.armed[i]);
-            if clear_flag(&self.absent[i]) {
-                self.absent_count.fetch_sub(1, Ordering::Relaxed);
-            }
-            self.reset_page(i);
-        }
-    }
-
-    /// Whether every page of `region` is still tracked (none forgotten): only such a region
-    /// may be collapsed.
-    pub fn region_whole(&self, region: usize) -> bool {
-        let first = region * PAGES_PER_REGION;
-        (first..(first + PAGES_PER_REGION).min(self.pages())).all(|i| !self.gone[i].load(Ordering::Relaxed))
-    }
-
-    /// Hold off `forget` while touching the range's memory (collapsing a region).
-    pub fn hold(&self) -> std::sync::RwLockReadGuard<'_, ()> {
-        self.ops.read().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The runs `(first, count)` of pages in `[first, first + count)` still tracked.
-    fn live_runs(&self, first: usize, count: usize) -> Vec<(usize, usize)> {
-        let mut runs = Vec::new();
-        let mut i = first;
-        let end = (first + count).min(self.pages());
-        while i < end {
-            if self.gone[i].load(Ordering::Relaxed) {
-                i += 1;
-                continue;
-            }
-            let s = i;
-            while i < end && !self.gone[i].load(Ordering::Relaxed) {
-                i += 1;
-            }
-            runs.push((s, i - s));
-        }
-        runs
-    }
-
-    /// Index of the page holding `addr`.
-    pub fn page_of(&self, addr: usize) -> usize {
-        (addr - self.start) / PAGE
-    }
-
-    /// Forget every count.
-    pub fn reset_all(&self) {
-        for i in 0..self.pages() {
-            self.reset_page(i);
-        }
-    }
-
-    fn record_fault(&self, addr: usize) {
-        let i = (addr - self.start) / PAGE;
-        if self.armed[i].swap(false, Ordering::AcqRel) {
-            self.acs[i].fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
+use crate::{Error, Result, PAGE};
 
 /// Counters of the tracker's own work.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -794,6 +620,35 @@ mod tests {
         let _turn = SIGBUS_TURN.lock().unwrap_or_else(|e| e.into_inner());
         let _a = MinorTracker::with_delivery(Delivery::Sigbus).unwrap();
         assert!(MinorTracker::with_delivery(Delivery::Sigbus).is_err());
+    }
+
+    /// An arena made in a hole of another (the program's MAP_FIXED over part of a packed
+    /// arena) shares its span: its pages' faults count in its own range, and untracking one
+    /// range leaves the other tracked.
+    #[test]
+    fn a_page_belongs_to_the_range_that_holds_it_where_ranges_overlap() {
+        let outer = TrackedArena::new("pw-minor-outer", 2 << 20).unwrap();
+        let t = MinorTracker::with_delivery(Delivery::HandlerThread).unwrap();
+        let r_outer = t.track(outer.addr(), outer.len()).unwrap();
+        let hole = outer.addr() + (64 << 10);
+        t.forget(hole, 64 << 10).unwrap();
+        outer.give_up(hole, 64 << 10).unwrap();
+        // SAFETY: the hole is no longer the outer arena's; we map our own arena there.
+        let inner = unsafe { TrackedArena::at("pw-minor-inner", hole, 64 << 10) }.unwrap();
+        assert_eq!((inner.addr(), inner.len(), inner.view_addr()), (outer.addr(), outer.len(), hole));
+        let r_inner = t.track_parts(inner.addr(), inner.len(), &inner.live_parts(inner.addr(), inner.len())).unwrap();
+        assert!(Arc::ptr_eq(&t.range_of(hole).unwrap(), &r_inner));
+        assert!(Arc::ptr_eq(&t.range_of(outer.addr()).unwrap(), &r_outer));
+        // SAFETY: the inner arena's view.
+        unsafe { mem::touch_pages(hole, 64 << 10) };
+        let page = r_inner.page_of(hole);
+        t.arm(&r_inner, page, 16).unwrap();
+        // SAFETY: as above; the fault is served by the handler thread.
+        unsafe { std::ptr::read_volatile((hole + PAGE) as *const u8) };
+        assert_eq!((r_inner.acs(page + 1), r_outer.acs(page + 1)), (1, 0));
+        t.untrack_range(&r_inner).unwrap();
+        assert!(Arc::ptr_eq(&t.range_of(outer.addr()).unwrap(), &r_outer));
+        assert_eq!(t.ranges().len(), 1);
     }
 
     fn counted_once(delivery: Delivery) {

@@ -123,7 +123,7 @@ fn run_batch(
     reference: Option<&str>,
     budget: Duration,
 ) -> anyhow::Result<(Run, String)> {
-    let wrap = if c == Config::Hps { Wrap::Hps { min_alloc: 1 << 20 } } else { Wrap::Plain };
+    let wrap = if c == Config::Hps { Wrap::Hps { min_alloc: 1 << 20, track_placed: false } } else { Wrap::Plain };
     job.reset()?;
     let mut peak = 0u64;
     let mut tick_n = 0u32;
@@ -158,7 +158,7 @@ fn run_server(
     c: Config,
     dir: &Path,
 ) -> anyhow::Result<Run> {
-    let wrap = if c == Config::Hps { Wrap::Hps { min_alloc: 1 << 20 } } else { Wrap::Plain };
+    let wrap = if c == Config::Hps { Wrap::Hps { min_alloc: 1 << 20, track_placed: false } } else { Wrap::Plain };
     let mem_mib = (records * (value as u64 + 200)).div_ceil(1 << 20) * 2 + 64;
     let s = servers::start(kind, pagewise, &wrap, mem_mib, dir)?;
     let work = || -> anyhow::Result<servers::Reads> {

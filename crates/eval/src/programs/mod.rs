@@ -31,8 +31,8 @@ pub enum Wrap {
     Plain,
     /// `pagewise run`: DLM memory.
     Dlm(DlmFlags),
-    /// `pagewise hps run --min-alloc MIN`.
-    Hps { min_alloc: u64 },
+    /// `pagewise hps run --min-alloc MIN`, with `--track-placed` when `track_placed`.
+    Hps { min_alloc: u64, track_placed: bool },
 }
 
 /// The flags of `pagewise run` the experiments and tests vary.
@@ -121,9 +121,13 @@ impl Job {
                 c.args(f.args()).arg("--").arg(&self.argv[0]);
                 c
             }
-            Wrap::Hps { min_alloc } => {
+            Wrap::Hps { min_alloc, track_placed } => {
                 let mut c = Command::new(pagewise);
-                c.args(["hps", "run", "--min-alloc", &min_alloc.to_string(), "--"]).arg(&self.argv[0]);
+                c.args(["hps", "run", "--min-alloc", &min_alloc.to_string()]);
+                if *track_placed {
+                    c.arg("--track-placed");
+                }
+                c.arg("--").arg(&self.argv[0]);
                 c
             }
         };
