@@ -137,7 +137,8 @@ static _Atomic int resolved; /* 0: not yet, 1: resolving (this thread), 2: done 
 static void *early[16];
 static _Atomic int nearly;
 
-static void resolve_allocator(void) {
+/* Once, before the first allocation the shim serves: kept out of the allocation fast path. */
+__attribute__((noinline, cold)) static void resolve_allocator(void) {
     int expected = 0;
     if (!atomic_compare_exchange_strong(&resolved, &expected, 1))
         return;
@@ -160,15 +161,15 @@ static void resolve_allocator(void) {
     atomic_store(&resolved, 2);
 }
 
-static int foreign(void) {
-    if (atomic_load_explicit(&resolved, memory_order_acquire) != 2)
+static inline int foreign(void) {
+    if (__builtin_expect(atomic_load_explicit(&resolved, memory_order_acquire) != 2, 0))
         resolve_allocator();
     return next.malloc != NULL;
 }
 
 /* While the allocator is being found (or by a re-entrant call), glibc serves. */
-static void *early_alloc(void *p) {
-    if (p && atomic_load(&resolved) != 2) {
+static inline void *early_alloc(void *p) {
+    if (__builtin_expect(p && atomic_load_explicit(&resolved, memory_order_acquire) != 2, 0)) {
         int i = atomic_fetch_add(&nearly, 1);
         if (i < (int)(sizeof early / sizeof *early))
             early[i] = p;
@@ -186,8 +187,9 @@ static int is_early(void *p) {
 
 /* ---- the blocks the shim's malloc routed ---- */
 
-static int routable(size_t len) {
-    return !pw_in_shim && len >= pw_min_alloc && atomic_load_explicit(&pw_state, memory_order_acquire) == S_ON;
+/* The size first: almost every call is a small block, decided by one compare. */
+static inline int routable(size_t len) {
+    return len >= pw_min_alloc && !pw_in_shim && atomic_load_explicit(&pw_state, memory_order_acquire) == S_ON;
 }
 
 /* A routed block of n bytes, or NULL (use libc). */
@@ -213,9 +215,15 @@ static void *route_block(size_t n) {
 }
 
 /* The routed block starting at p, if any. */
-static int find_block(const void *p, struct pw_range *out) {
+static int find_routed_block(const void *p, struct pw_range *out);
+
+static inline int find_block(const void *p, struct pw_range *out) {
     if (!p || ((uintptr_t)p & (PW_PAGE - 1)) || atomic_load_explicit(&nblocks, memory_order_relaxed) == 0)
         return 0;
+    return find_routed_block(p, out);
+}
+
+static int find_routed_block(const void *p, struct pw_range *out) {
     pthread_mutex_lock(&pw_lock);
     int found = pw_ranges_at(&pw_blocks, (uintptr_t)p, out);
     pthread_mutex_unlock(&pw_lock);
@@ -224,9 +232,15 @@ static int find_block(const void *p, struct pw_range *out) {
 
 /* Free a routed block: what of it is still the arena's goes back to the arena, and what the
  * program had taken out of it (detached) is released as plain memory. 1 if p was one. */
-static int free_block(void *p) {
+static int free_routed_block(void *p);
+
+static inline int free_block(void *p) {
     if (!p || ((uintptr_t)p & (PW_PAGE - 1)) || atomic_load_explicit(&nblocks, memory_order_relaxed) == 0)
         return 0;
+    return free_routed_block(p);
+}
+
+static int free_routed_block(void *p) {
     pthread_mutex_lock(&pw_lock);
     struct pw_range b;
     if (!pw_ranges_at(&pw_blocks, (uintptr_t)p, &b)) {
@@ -284,6 +298,9 @@ PW_EXPORT void *malloc(size_t n) {
         if (p)
             return p;
     }
+    /* A tail call once the allocator is known: the shim adds two compares to a small malloc. */
+    if (__builtin_expect(atomic_load_explicit(&resolved, memory_order_acquire) == 2, 1))
+        return __libc_malloc(n);
     return early_alloc(__libc_malloc(n));
 }
 
@@ -292,14 +309,12 @@ PW_EXPORT void free(void *p) {
         return;
     if (free_block(p))
         return;
-    if (atomic_load_explicit(&nearly, memory_order_relaxed) && is_early(p)) {
+    /* glibc's blocks, and with the program's own allocator, those glibc gave out while it was
+     * being found (the early list is only looked at then). */
+    if (!foreign() || (atomic_load_explicit(&nearly, memory_order_relaxed) && is_early(p)))
         __libc_free(p);
-        return;
-    }
-    if (foreign())
-        next.free(p);
     else
-        __libc_free(p);
+        next.free(p);
 }
 
 PW_EXPORT void *calloc(size_t n, size_t m) {
@@ -315,6 +330,8 @@ PW_EXPORT void *calloc(size_t n, size_t m) {
         if (p)
             return p;
     }
+    if (__builtin_expect(atomic_load_explicit(&resolved, memory_order_acquire) == 2, 1))
+        return __libc_calloc(n, m);
     return early_alloc(__libc_calloc(n, m));
 }
 
@@ -350,10 +367,11 @@ PW_EXPORT void *realloc(void *p, size_t n) {
         free(p);
         return q;
     }
-    if (atomic_load_explicit(&nearly, memory_order_relaxed) && is_early(p))
-        return __libc_realloc(p, n); /* stays glibc's: the early list keeps naming it */
-    if (foreign())
+    if (foreign()) {
+        if (atomic_load_explicit(&nearly, memory_order_relaxed) && is_early(p))
+            return __libc_realloc(p, n); /* stays glibc's: the early list keeps naming it */
         return next.realloc(p, n);
+    }
     if (routable(n)) {
         size_t old = libc_usable ? libc_usable(p) : 0;
         if (n > old) {
