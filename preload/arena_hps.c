@@ -168,9 +168,10 @@ static void *hps_arena_alloc(size_t len) {
 }
 
 /* Exactly [addr, addr+len), where the program placed a mapping (MAP_FIXED, a reservation it
- * commits): an arena of its own, whose 2 MiB regions wholly inside can be promoted. On
- * failure the range is left as a PROT_NONE reservation (no memory), for the shim to map or
- * protect as the kernel would have. */
+ * commits, a mapping at its hint): an arena of its own, whose 2 MiB regions wholly inside can
+ * be promoted. On failure the range is what every such call asks for without HPS, fresh
+ * zero-filled read-write private memory (or untouched), and the shim goes on as the kernel
+ * would have. */
 static void *hps_arena_alloc_at(void *addr, size_t len) {
     if (!track_placed || !p_alloc_at)
         return NULL; /* the range untouched: the kernel maps or protects it */
@@ -183,7 +184,7 @@ static void *hps_arena_alloc_at(void *addr, size_t len) {
     pthread_mutex_unlock(&mu);
     if (rc < 0) {
         p_free(p);
-        pw_sys_mmap(addr, whole, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        pw_sys_mmap(addr, whole, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
         errno = ENOMEM;
         return NULL;
     }

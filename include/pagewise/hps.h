@@ -71,7 +71,8 @@ int64_t hps_get_active(struct hps_page *buf, size_t n);
 void *hps_arena_alloc(size_t len);
 /* Tracked memory at exactly [addr, addr+len) (page aligned), replacing what is mapped there
  * (a mapping the caller placed: MAP_FIXED, a reservation it commits): addr, or NULL with errno
- * set and the range left inaccessible, holding no memory. Free with hps_arena_free(addr). */
+ * set and the range plain zero-filled read-write private memory (or as it was, if nothing was
+ * mapped over it yet). Free with hps_arena_free(addr). */
 void *hps_arena_alloc_at(void *addr, size_t len);
 int hps_arena_free(void *p);
 int hps_release(void *p, size_t len);

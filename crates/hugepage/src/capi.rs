@@ -457,8 +457,9 @@ pub extern "C" fn hps_arena_alloc(len: usize) -> *mut c_void {
 }
 
 /// Memory HPS tracks at exactly `[addr, addr+len)` (page aligned), mapped over what is there
-/// (`hps_arena_alloc_at`): `addr`, or NULL with errno set, the range then inaccessible and
-/// holding no memory, as a PROT_NONE reservation. Freed with `hps_arena_free(addr)`.
+/// (`hps_arena_alloc_at`): `addr`, or NULL with errno set, the range then plain zero-filled
+/// read-write private memory, or as it was if nothing was mapped over it yet. Freed with
+/// `hps_arena_free(addr)`.
 ///
 /// # Safety
 /// The caller owns `[addr, addr+len)`: what is mapped there is replaced.

@@ -389,12 +389,11 @@ impl Hps {
         // SAFETY: the caller's contract.
         let arena = unsafe { TrackedArena::at("pagewise-hps", addr, len) }?;
         if let Err(e) = self.shared.tracker.track_parts(arena.addr(), arena.len(), &arena.live_parts(addr, len)) {
-            // Leave the range as a reservation would be (inaccessible, no memory), for the
-            // caller to map or protect as it would have without HPS.
+            // Leave the range as what the program asked for without HPS: fresh zero-filled
+            // read-write private memory (a commit, a MAP_FIXED or a hint mapping all end so).
             arena.give_up(addr, len)?;
-            let none = MapOptions { no_access: true, noreserve: true, ..Default::default() };
             // SAFETY: the caller owns the range; the arena let go of it above.
-            let _ = unsafe { Mapping::anonymous_at(addr, len, &none) }?.into_raw();
+            let _ = unsafe { Mapping::anonymous_at(addr, len, &MapOptions::default()) }?.into_raw();
             return Err(e.into());
         }
         self.shared.arenas.lock().expect("arenas lock").push(arena);
@@ -461,7 +460,7 @@ impl Hps {
     /// new one). For what the program asks of its memory that a tracked shared mapping cannot
     /// give: its own MADV_HUGEPAGE, a protection other than read-write.
     pub fn detach(&self, addr: usize, len: usize) -> Result<()> {
-        use pagewise_kernel::mem::{move_mapping, munmap, MapOptions, Mapping};
+        use pagewise_kernel::mem::{move_mapping, munmap};
         let arenas = self.shared.arenas.lock().expect("arenas lock");
         let a = arenas.iter().find(|a| a.owns(addr, len)).ok_or(pagewise_track::Error::NotTracked(addr))?;
         // The tracker lets go first: no arming or collapsing of the range from here on. Its
