@@ -4,10 +4,12 @@
 //! smaller part of a fault when the handler does not share the faulting thread's CPU (a
 //! program with more than one thread: no colocation, `pagewise_kernel::colocate`): the
 //! faulting thread also waits for two cross-CPU wake-ups, on a VM often of a halted vCPU the
-//! host must wake. Measured under `pagewise hps run` on a JVM (HeapWork, 770 MiB heap routed,
-//! 20 threads): 25,601 tracked faults made the run 1.3 s slower, 51 µs a fault, where the
-//! pace had been charged the handler's few µs each. So the tracker times a fault as a thread
-//! of the process sees it — its own, on a page of its own — and the pace charges that.
+//! host must wake. Measured under `pagewise hps run` on a JVM (HeapWork, its 770 MiB heap
+//! tracked): 25,601 tracked faults made the run 1.3 s slower, 51 µs a fault, where the pace
+//! had been charged only the handler's CPU time. What a wake-up costs depends on the moment:
+//! this probe took 45 µs a fault with the other CPU idle and 4–5 µs with it busy. So the
+//! tracker times a fault as a thread of the process sees it — its own, on a page of its own,
+//! again from time to time — and the pace charges that.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
