@@ -134,6 +134,9 @@ static struct {
 } next;
 static size_t (*libc_usable)(void *); /* glibc's malloc_usable_size */
 static _Atomic int resolved; /* 0: not yet, 1: resolving (this thread), 2: done */
+/* What resolving found, for the fast paths: one load tells a small call where it goes. */
+enum { ALLOC_UNKNOWN, ALLOC_GLIBC, ALLOC_FOREIGN };
+static _Atomic int allocator;
 static void *early[16];
 static _Atomic int nearly;
 
@@ -159,6 +162,7 @@ __attribute__((noinline, cold)) static void resolve_allocator(void) {
     }
     pw_in_shim--;
     atomic_store(&resolved, 2);
+    atomic_store(&allocator, next.malloc ? ALLOC_FOREIGN : ALLOC_GLIBC);
 }
 
 static inline int foreign(void) {
@@ -167,22 +171,42 @@ static inline int foreign(void) {
     return next.malloc != NULL;
 }
 
-/* While the allocator is being found (or by a re-entrant call), glibc serves. */
+/* While the allocator is being found (or by a re-entrant call), glibc serves. The bounds of
+ * those blocks keep the list out of the program's frees: glibc's early blocks lie in its heap,
+ * the program's allocator's elsewhere, so a free is one compare away from its allocator. */
+static _Atomic uintptr_t early_lo = UINTPTR_MAX, early_hi;
+
+__attribute__((noinline)) static void remember_early(void *p) {
+    int i = atomic_fetch_add(&nearly, 1);
+    if (i >= (int)(sizeof early / sizeof *early))
+        return; /* never: the dynamic linker allocates a few blocks */
+    uintptr_t a = (uintptr_t)p, lo = atomic_load(&early_lo), hi = atomic_load(&early_hi);
+    while (a < lo && !atomic_compare_exchange_weak(&early_lo, &lo, a))
+        ;
+    while (a + 1 > hi && !atomic_compare_exchange_weak(&early_hi, &hi, a + 1))
+        ;
+    early[i] = p;
+}
+
 static inline void *early_alloc(void *p) {
-    if (__builtin_expect(p && atomic_load_explicit(&resolved, memory_order_acquire) != 2, 0)) {
-        int i = atomic_fetch_add(&nearly, 1);
-        if (i < (int)(sizeof early / sizeof *early))
-            early[i] = p;
-    }
+    if (__builtin_expect(p && atomic_load_explicit(&resolved, memory_order_acquire) != 2, 0))
+        remember_early(p);
     return p;
 }
 
-static int is_early(void *p) {
+static int in_early_list(void *p) {
     int n = atomic_load(&nearly);
     for (int i = 0; i < n && i < (int)(sizeof early / sizeof *early); i++)
         if (early[i] == p)
             return 1;
     return 0;
+}
+
+/* Whether glibc gave p out while the program's allocator was being found. */
+static inline int is_early(void *p) {
+    uintptr_t a = (uintptr_t)p;
+    return a >= atomic_load_explicit(&early_lo, memory_order_relaxed) &&
+           a < atomic_load_explicit(&early_hi, memory_order_relaxed) && in_early_list(p);
 }
 
 /* ---- the blocks the shim's malloc routed ---- */
@@ -215,10 +239,10 @@ static void *route_block(size_t n) {
 }
 
 /* The routed block starting at p, if any. */
-static int find_routed_block(const void *p, struct pw_range *out);
+__attribute__((noinline)) static int find_routed_block(const void *p, struct pw_range *out);
 
 static inline int find_block(const void *p, struct pw_range *out) {
-    if (!p || ((uintptr_t)p & (PW_PAGE - 1)) || atomic_load_explicit(&nblocks, memory_order_relaxed) == 0)
+    if (!p || atomic_load_explicit(&nblocks, memory_order_relaxed) == 0 || ((uintptr_t)p & (PW_PAGE - 1)))
         return 0;
     return find_routed_block(p, out);
 }
@@ -232,10 +256,10 @@ static int find_routed_block(const void *p, struct pw_range *out) {
 
 /* Free a routed block: what of it is still the arena's goes back to the arena, and what the
  * program had taken out of it (detached) is released as plain memory. 1 if p was one. */
-static int free_routed_block(void *p);
+__attribute__((noinline)) static int free_routed_block(void *p);
 
 static inline int free_block(void *p) {
-    if (!p || ((uintptr_t)p & (PW_PAGE - 1)) || atomic_load_explicit(&nblocks, memory_order_relaxed) == 0)
+    if (!p || atomic_load_explicit(&nblocks, memory_order_relaxed) == 0 || ((uintptr_t)p & (PW_PAGE - 1)))
         return 0;
     return free_routed_block(p);
 }
@@ -290,7 +314,11 @@ static int free_routed_block(void *p) {
  * itself forever. */
 PW_EXPORT void pagewise_runtime_thread(void) { pw_in_shim++; }
 
-PW_EXPORT void *malloc(size_t n) {
+/* The fast paths below take a small block's call straight to its allocator: one load of
+ * `allocator`, a compare of the size (malloc) or of `nblocks` (free), and a tail call; a
+ * program spends most of its allocator time in such calls (a loop of small malloc/free pairs:
+ * 7.8 ns a pair plain, 1.5 ns more through any interposer). Everything else is the slow path. */
+__attribute__((noinline)) static void *malloc_slow(size_t n) {
     if (foreign())
         return next.malloc(n);
     if (routable(n)) {
@@ -298,23 +326,46 @@ PW_EXPORT void *malloc(size_t n) {
         if (p)
             return p;
     }
-    /* A tail call once the allocator is known: the shim adds two compares to a small malloc. */
-    if (__builtin_expect(atomic_load_explicit(&resolved, memory_order_acquire) == 2, 1))
-        return __libc_malloc(n);
     return early_alloc(__libc_malloc(n));
 }
 
-PW_EXPORT void free(void *p) {
+PW_EXPORT void *malloc(size_t n) {
+    int a = atomic_load_explicit(&allocator, memory_order_acquire);
+    if (__builtin_expect(a == ALLOC_GLIBC && n < pw_min_alloc, 1))
+        return __libc_malloc(n);
+    if (a == ALLOC_FOREIGN)
+        return next.malloc(n);
+    return malloc_slow(n);
+}
+
+__attribute__((noinline)) static void free_slow(void *p) {
     if (!p)
         return;
     if (free_block(p))
         return;
     /* glibc's blocks, and with the program's own allocator, those glibc gave out while it was
-     * being found (the early list is only looked at then). */
-    if (!foreign() || (atomic_load_explicit(&nearly, memory_order_relaxed) && is_early(p)))
+     * being found. */
+    if (!foreign() || is_early(p))
         __libc_free(p);
     else
         next.free(p);
+}
+
+PW_EXPORT void free(void *p) {
+    /* No routed block anywhere (always so with the program's own allocator, whose large
+     * blocks are routed where it maps them): p is its allocator's. */
+    if (__builtin_expect(atomic_load_explicit(&nblocks, memory_order_relaxed) == 0, 1)) {
+        int a = atomic_load_explicit(&allocator, memory_order_acquire);
+        if (__builtin_expect(a == ALLOC_GLIBC, 1)) {
+            __libc_free(p);
+            return;
+        }
+        if (a == ALLOC_FOREIGN && !is_early(p)) {
+            next.free(p);
+            return;
+        }
+    }
+    free_slow(p);
 }
 
 PW_EXPORT void *calloc(size_t n, size_t m) {
@@ -323,6 +374,9 @@ PW_EXPORT void *calloc(size_t n, size_t m) {
         errno = ENOMEM;
         return NULL;
     }
+    int a = atomic_load_explicit(&allocator, memory_order_acquire);
+    if (__builtin_expect(a == ALLOC_GLIBC && total < pw_min_alloc, 1))
+        return __libc_calloc(n, m);
     if (foreign())
         return next.calloc(n, m);
     if (routable(total)) {
@@ -330,8 +384,6 @@ PW_EXPORT void *calloc(size_t n, size_t m) {
         if (p)
             return p;
     }
-    if (__builtin_expect(atomic_load_explicit(&resolved, memory_order_acquire) == 2, 1))
-        return __libc_calloc(n, m);
     return early_alloc(__libc_calloc(n, m));
 }
 
@@ -368,7 +420,7 @@ PW_EXPORT void *realloc(void *p, size_t n) {
         return q;
     }
     if (foreign()) {
-        if (atomic_load_explicit(&nearly, memory_order_relaxed) && is_early(p))
+        if (is_early(p))
             return __libc_realloc(p, n); /* stays glibc's: the early list keeps naming it */
         return next.realloc(p, n);
     }

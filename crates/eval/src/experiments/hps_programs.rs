@@ -107,6 +107,15 @@ struct Run {
     memory: u64,
     /// Batch numpy: the median round time.
     round_median: Option<f64>,
+    /// Under `pagewise hps run`: the shim's end-of-run report (regions promoted, tracking
+    /// periods, faults, what the pace put off), so a figure can be read with what HPS did.
+    hps_report: Option<String>,
+}
+
+/// The lines of a `pagewise hps run` program's stderr that report what HPS did.
+fn hps_report_of(stderr: &str) -> Option<String> {
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("pagewise: ")).collect();
+    (!lines.is_empty()).then(|| lines.join("\n"))
 }
 
 fn set_thp(guard: &SettingsGuard, c: Config, machine: &str) -> anyhow::Result<()> {
@@ -146,7 +155,8 @@ fn run_batch(
     let round_median = (!rounds.is_empty()).then(|| Summary::of(&rounds).median);
     // Processes shorter than the sampling period: wait4's peak RSS.
     let memory = if peak == 0 { o.max_rss } else { peak };
-    Ok((Run { secs: o.wall, memory, round_median }, out))
+    let hps_report = if c == Config::Hps { hps_report_of(&o.stderr) } else { None };
+    Ok((Run { secs: o.wall, memory, round_median, hps_report }, out))
 }
 
 fn run_server(
@@ -172,7 +182,8 @@ fn run_server(
     let err = s.stop()?;
     let r = reads_done.with_context(|| format!("{} ({}):\n{}", kind.name(), c.label(), programs::tail(&err, 20)))?;
     ensure!(r.misses == 0, "{} ({}): {} stored records missing", kind.name(), c.label(), r.misses);
-    Ok(Run { secs: r.secs, memory, round_median: None })
+    let hps_report = if c == Config::Hps { hps_report_of(&err) } else { None };
+    Ok(Run { secs: r.secs, memory, round_median: None, hps_report })
 }
 
 impl Experiment for HpsPrograms {
@@ -365,7 +376,7 @@ fn report(results: &[ProgramRuns], reps: usize, machine: &str) -> Report {
         for (k, rs) in runs.iter().enumerate() {
             for (rep, r) in rs.iter().enumerate() {
                 data.push(json!({"program": name, "config": CONFIGS[k].label(), "rep": rep, "secs": r.secs,
-                    "memory_bytes": r.memory, "round_median_s": r.round_median}));
+                    "memory_bytes": r.memory, "round_median_s": r.round_median, "hps_report": r.hps_report}));
             }
         }
     }
@@ -413,5 +424,16 @@ mod tests {
         let st = pagewise_kernel::procfs::read_status(pagewise_kernel::procfs::Pid::Id(pid as i32)).unwrap();
         let rss = st.vmrss.unwrap() * 1024;
         assert!(m > 0 && m <= rss + (1 << 20), "{m} vs {rss}");
+    }
+
+    /// What HPS did is kept from the program's stderr; the program's own lines are not.
+    #[test]
+    fn the_hps_report_is_the_shims_lines_only() {
+        let err = "1:M 27 Nov * Ready to accept connections\npagewise: 13 allocation(s) on hps memory\npagewise: hps: 54 region(s) promoted\n";
+        assert_eq!(
+            super::hps_report_of(err).as_deref(),
+            Some("pagewise: 13 allocation(s) on hps memory\npagewise: hps: 54 region(s) promoted")
+        );
+        assert_eq!(super::hps_report_of("a server's own words\n"), None);
     }
 }
