@@ -23,6 +23,14 @@
 //! on an idle machine does. Servers are timed on their reads, after the fill has touched
 //! their memory, and start at once.
 //!
+//! Servers also report the CPU time the server process used for the measured reads (HPS's
+//! threads included) and its hugepages after them: the reads' time is the client's too — it
+//! checks every value on the same two CPUs — so the CPU time says what the server's memory
+//! did to its own work. Measured here, THP always gives these two servers almost no hugepages
+//! (redis-server 7 turns THP off for itself with prctl(PR_SET_THP_DISABLE) when it finds THP
+//! `always`: 6 MiB; memcached's 1 MiB slab pages, malloc'd, are not 2 MiB-aligned: 8 MiB),
+//! while `pagewise hps run` promotes ~110 MiB of each.
+//!
 //! Memory: the program's peak, sampled every 20 ms, of VmRSS − RssShmem + the blocks of its
 //! `pagewise-hps` arena files, memfds or files of HPS's private tmpfs (RSS misses the tracked
 //! pages whose mappings the tracker dropped; the files' blocks are the pages themselves: the
@@ -107,6 +115,9 @@ struct Run {
     memory: u64,
     /// Batch numpy: the median round time.
     round_median: Option<f64>,
+    /// Servers: CPU seconds the server process (every thread, HPS's included) used for the
+    /// measured reads, and its PMD-mapped bytes after them.
+    server: Option<ServerUse>,
     /// Under `pagewise hps run`: the shim's end-of-run report (regions promoted, tracking
     /// periods, faults, what the pace put off), so a figure can be read with what HPS did.
     hps_report: Option<String>,
@@ -116,6 +127,19 @@ struct Run {
 fn hps_report_of(stderr: &str) -> Option<String> {
     let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("pagewise: ")).collect();
     (!lines.is_empty()).then(|| lines.join("\n"))
+}
+
+/// What a server used for its measured reads: its work, apart from how long the client waited.
+#[derive(Clone, Copy, Debug)]
+struct ServerUse {
+    cpu_s: f64,
+    hugepage_bytes: u64,
+}
+
+/// PMD-mapped bytes of process `pid`: anonymous THP, shmem and file hugepages, hugetlb.
+fn hugepage_bytes_of(pid: u32) -> Option<u64> {
+    let m = pagewise_kernel::procfs::read_mem_usage(pagewise_kernel::procfs::Pid::Id(pid as i32)).ok()?;
+    Some(m.anon_huge + m.shmem_pmd_mapped + m.file_pmd_mapped + m.shared_hugetlb + m.private_hugetlb)
 }
 
 fn set_thp(guard: &SettingsGuard, c: Config, machine: &str) -> anyhow::Result<()> {
@@ -156,7 +180,7 @@ fn run_batch(
     // Processes shorter than the sampling period: wait4's peak RSS.
     let memory = if peak == 0 { o.max_rss } else { peak };
     let hps_report = if c == Config::Hps { hps_report_of(&o.stderr) } else { None };
-    Ok((Run { secs: o.wall, memory, round_median, hps_report }, out))
+    Ok((Run { secs: o.wall, memory, round_median, server: None, hps_report }, out))
 }
 
 fn run_server(
@@ -171,19 +195,25 @@ fn run_server(
     let wrap = if c == Config::Hps { Wrap::Hps { min_alloc: 1 << 20, track_placed: false } } else { Wrap::Plain };
     let mem_mib = (records * (value as u64 + 200)).div_ceil(1 << 20) * 2 + 64;
     let s = servers::start(kind, pagewise, &wrap, mem_mib, dir)?;
-    let work = || -> anyhow::Result<servers::Reads> {
+    let cpu = || pagewise_kernel::cpu::process_cpu_time(s.pid as i32).ok();
+    let work = || -> anyhow::Result<(servers::Reads, Option<f64>)> {
         servers::fill(kind, &s.addr, records, value)?;
         // A warm-up read pass (HPS tracks and promotes here), then the measured one.
         servers::zipfian_reads(kind, &s.addr, records, value, reads, 1)?;
-        servers::zipfian_reads(kind, &s.addr, records, value, reads, 2)
+        let before = cpu();
+        let r = servers::zipfian_reads(kind, &s.addr, records, value, reads, 2)?;
+        Ok((r, before.zip(cpu()).map(|(a, b)| b.saturating_sub(a).as_secs_f64())))
     };
     let reads_done = work();
     let memory = memory_of(s.pid).unwrap_or(0);
+    let hugepage_bytes = hugepage_bytes_of(s.pid).unwrap_or(0);
     let err = s.stop()?;
-    let r = reads_done.with_context(|| format!("{} ({}):\n{}", kind.name(), c.label(), programs::tail(&err, 20)))?;
+    let (r, cpu_s) =
+        reads_done.with_context(|| format!("{} ({}):\n{}", kind.name(), c.label(), programs::tail(&err, 20)))?;
     ensure!(r.misses == 0, "{} ({}): {} stored records missing", kind.name(), c.label(), r.misses);
     let hps_report = if c == Config::Hps { hps_report_of(&err) } else { None };
-    Ok(Run { secs: r.secs, memory, round_median: None, hps_report })
+    let server = cpu_s.map(|cpu_s| ServerUse { cpu_s, hugepage_bytes });
+    Ok(Run { secs: r.secs, memory, round_median: None, server, hps_report })
 }
 
 impl Experiment for HpsPrograms {
@@ -316,6 +346,15 @@ fn report(results: &[ProgramRuns], reps: usize, machine: &str) -> Report {
         "hps run memory",
         "hps memory / goal",
     ]);
+    let mut server_table = Table::new([
+        "server",
+        "plain CPU s",
+        "THP always CPU s",
+        "hps run CPU s",
+        "hps / plain",
+        "hps / THP always",
+        "hugepages: plain / THP always / hps run",
+    ]);
     let mut failures = Table::new(["program", "what happened"]);
     let mut time_plot = Plot::new("Time relative to the faster of plain and THP always", "program", "ratio");
     let mut pts = Vec::new();
@@ -373,10 +412,32 @@ fn report(results: &[ProgramRuns], reps: usize, machine: &str) -> Report {
         vs_best.report(&mut report, &format!("{key}_hps_run_vs_best_time"));
         report.figure(&format!("{key}_hps_run_memory_vs_goal"), vs_goal);
         report.figure(&format!("{key}_thp_always_vs_plain_time"), Paired::of(&runs[1], &runs[0], |r| r.secs).median());
+        if runs.iter().all(|rs| !rs.is_empty() && rs.iter().all(|r| r.server.is_some())) {
+            let used = |r: &Run| r.server.expect("every run has it");
+            let cpu = |k: usize| Summary::of(&runs[k].iter().map(|r| used(r).cpu_s).collect::<Vec<_>>());
+            let huge = |k: usize| {
+                Summary::of(&runs[k].iter().map(|r| used(r).hugepage_bytes as f64).collect::<Vec<_>>()).median
+            };
+            let vs_plain = Paired::of(&runs[2], &runs[0], |r| used(r).cpu_s);
+            let vs_thp = Paired::of(&runs[2], &runs[1], |r| used(r).cpu_s);
+            server_table.row([
+                name.clone(),
+                cpu(0).display(3),
+                cpu(1).display(3),
+                cpu(2).display(3),
+                vs_plain.display(3),
+                vs_thp.display(3),
+                format!("{} / {} / {}", mib(huge(0)), mib(huge(1)), mib(huge(2))),
+            ]);
+            report.figure(&format!("{key}_hps_run_vs_plain_server_cpu"), vs_plain.median());
+            report.figure(&format!("{key}_hps_run_vs_thp_always_server_cpu"), vs_thp.median());
+        }
         for (k, rs) in runs.iter().enumerate() {
             for (rep, r) in rs.iter().enumerate() {
                 data.push(json!({"program": name, "config": CONFIGS[k].label(), "rep": rep, "secs": r.secs,
-                    "memory_bytes": r.memory, "round_median_s": r.round_median, "hps_report": r.hps_report}));
+                    "memory_bytes": r.memory, "round_median_s": r.round_median,
+                    "server_cpu_s": r.server.map(|u| u.cpu_s), "hugepage_bytes": r.server.map(|u| u.hugepage_bytes),
+                    "hps_report": r.hps_report}));
             }
         }
     }
@@ -401,6 +462,12 @@ fn report(results: &[ProgramRuns], reps: usize, machine: &str) -> Report {
         format!("Median [min–max] of {reps} interleaved runs (batch: wall seconds; servers: seconds for the measured zipfian reads); hps / best: median of the per-repetition ratios over the faster baseline [95% interval of that median]; memory: peak VmRSS − RssShmem + HPS memfd blocks (servers: after the reads); the machine's THP policy: {machine}"),
         table,
     );
+    if !server_table.rows.is_empty() {
+        report.table(
+            format!("Servers: CPU seconds the server process used for the measured reads (every thread, HPS's own included), median [min–max] of {reps}; hps / baseline: median of the per-repetition ratios [95% interval]; hugepages: PMD-mapped memory after the reads (median). Where the time ratio and the CPU ratio differ, the difference is in how long the client waited, not in the server's work"),
+            server_table,
+        );
+    }
     if !failures.rows.is_empty() {
         report.table("Programs that failed", failures);
     }
