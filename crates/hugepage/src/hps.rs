@@ -187,8 +187,8 @@ struct Shared {
     pace: Mutex<Option<Pace>>,
     /// Tracking's pace (with [`HpsConfig::track_pace`]).
     track_pace: Mutex<Option<ChargedPace>>,
-    /// When a tracked fault was last timed, and what it cost (`period::fault_ns`).
-    fault_timed: Mutex<Option<(Instant, u64)>>,
+    /// When a tracked fault was last timed, and what it cost (`period::fault_cost`).
+    fault_timed: Mutex<Option<(Instant, period::FaultCost)>>,
     budget: Mutex<Option<Budget>>,
     tracking: AtomicBool,
     stop: AtomicBool,

@@ -123,6 +123,11 @@ impl Colocation {
         self.pinned.is_some()
     }
 
+    /// The CPU the handler and the program's thread share while pinned.
+    pub fn pinned_cpu(&self) -> Option<usize> {
+        self.pinned.as_ref().map(|p| p.cpu)
+    }
+
     /// Act on a fault of thread `faulting` (None: a check without a fault). Returns true when
     /// it pinned.
     pub fn check(&mut self, faulting: Option<u32>) -> bool {

@@ -31,7 +31,7 @@ mod table;
 pub mod wp_async;
 
 pub use arena::{is_arena_path, TrackedArena};
-pub use minor::{Delivery, MinorTracker, TrackedRange, TrackerStats};
+pub use minor::{Delivery, FaultTiming, MinorTracker, TrackedRange, TrackerStats};
 pub use plan::{PlanConfig, RegionMode};
 pub use wp_async::WriteTracker;
 

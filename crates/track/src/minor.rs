@@ -12,7 +12,7 @@
 //! fault can never be missed by the count (a fault only exists after the drop).
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -26,6 +26,7 @@ use pagewise_kernel::uffd::{self, feature, Event, RegisterMode, Uffd, UffdBuilde
 mod fault_cost;
 mod range;
 
+pub use fault_cost::FaultTiming;
 pub use range::TrackedRange;
 
 use crate::plan::{self, PlanConfig, RegionMode};
@@ -128,6 +129,8 @@ struct Inner {
     unpinned_faults: AtomicU64,
     /// Whether the handler shares the program's one thread's CPU now (colocation).
     pinned: AtomicBool,
+    /// That CPU while it does (`crate::fault_cost` times a fault there); -1: none.
+    pinned_cpu: AtomicIsize,
     /// The page the tracker faults on itself to time a fault (`crate::fault_cost`): served,
     /// never counted, never a reason to pin or release a thread. 0: none.
     probe_page: AtomicUsize,
@@ -209,6 +212,7 @@ impl MinorTracker {
             arm_ns: AtomicU64::new(0),
             unpinned_faults: AtomicU64::new(0),
             pinned: AtomicBool::new(false),
+            pinned_cpu: AtomicIsize::new(-1),
             probe_page: AtomicUsize::new(0),
             handler_clock: Mutex::new(None),
         });
@@ -501,8 +505,10 @@ fn serve(inner: &Inner, colocate: Option<u32>) {
                         if let (Some(c), true) = (&mut colocation, thread_id != 0) {
                             c.check(Some(thread_id));
                         }
-                        let pinned = colocation.as_ref().is_some_and(Colocation::is_pinned);
+                        let pinned_cpu = colocation.as_ref().and_then(Colocation::pinned_cpu);
+                        let pinned = pinned_cpu.is_some();
                         inner.pinned.store(pinned, Ordering::Relaxed);
+                        inner.pinned_cpu.store(pinned_cpu.map_or(-1, |c| c as isize), Ordering::Relaxed);
                         if let Some(r) = inner.ranges.read().expect("ranges lock").iter().find(|r| r.holds(page)) {
                             r.record_fault(page);
                         }

@@ -394,9 +394,10 @@ pub(super) fn tracking_loop(s: &Shared) {
 
 /// How many pages tracking's pace lets a period arm now (`None`: no period now), after
 /// charging it what tracking has cost since the last look: the time spent arming, the
-/// handler's CPU time serving the faults, and for each fault served while the handler did not
-/// share the faulting thread's CPU, that fault as a thread of the program sees it
-/// ([`fault_ns`]: two cross-CPU wake-ups besides the handler's work). On GNU sort of 64 MiB
+/// handler's CPU time serving the faults, for each fault served while the handler did not
+/// share the faulting thread's CPU that fault as a thread of the program sees it (two
+/// cross-CPU wake-ups besides the handler's work), and for each served while it did, the
+/// faulting thread's own CPU time in it ([`fault_cost`]). On GNU sort of 64 MiB
 /// (0.8 s, a 256 MiB buffer, one thread) the first two came to 23–31 ms, and the run took
 /// 33 ms longer than with tracking off; on a JVM, whose threads keep the handler off their
 /// CPU, 25,601 observed faults made the run 1.3 s longer (51 µs each) while only the handler's
@@ -405,30 +406,50 @@ pub(super) fn tracking_loop(s: &Shared) {
 fn tracking_budget(s: &Shared, most: usize) -> Option<usize> {
     let mut guard = s.track_pace.lock().expect("track pace lock");
     let Some(pace) = guard.as_mut() else { return Some(most) };
-    let fault = fault_ns(s);
+    let fault = fault_cost(s);
     let t = s.tracker.stats();
-    let cost = t.handler_cpu_ns + t.arm_ns + t.unpinned_faults.saturating_mul(fault);
+    let pinned_faults = t.faults.saturating_sub(t.unpinned_faults);
+    let cost = t.handler_cpu_ns
+        + t.arm_ns
+        + t.unpinned_faults.saturating_mul(fault.wall_ns)
+        + pinned_faults.saturating_mul(fault.thread_cpu_ns);
     let tokens = pace.affordable_ns(s.epoch.elapsed().as_nanos() as u64, cost)?;
     let handler_per_fault = t.handler_cpu_ns.checked_div(t.faults).unwrap_or(0);
-    let per_fault = if s.tracker.colocated() { handler_per_fault } else { fault + handler_per_fault };
+    let apart = if s.tracker.colocated() { fault.thread_cpu_ns } else { fault.wall_ns };
+    let per_fault = handler_per_fault + apart;
     let ratio = (t.armed_pages > 0).then(|| t.faults as f64 / t.armed_pages as f64);
     Some(crate::pace::affordable_pages(tokens, per_fault as f64, ratio).min(most))
 }
 
-/// What a tracked fault costs a thread of the program when the handler is on another CPU, in
-/// ns: timed by the tracker on a page of its own (`MinorTracker::time_fault`), again every
-/// [`FAULT_RETIME`] (what a wake-up costs moves with the host's load), 0 under SIGBUS
-/// delivery (the faulting thread serves itself: the handler's CPU time is the cost).
-fn fault_ns(s: &Shared) -> u64 {
-    let mut timed = s.fault_timed.lock().expect("fault timing lock");
-    if timed.is_none_or(|(at, _)| at.elapsed() >= FAULT_RETIME) {
-        let ns = s.tracker.time_fault(5).ok().flatten().map_or(0, |d| d.as_nanos() as u64);
-        *timed = Some((Instant::now(), ns));
-    }
-    timed.map_or(0, |(_, ns)| ns)
+/// What a tracked fault costs the program besides the handler's CPU time, in ns.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct FaultCost {
+    /// With the handler on another CPU: what the faulting thread waits (two cross-CPU
+    /// wake-ups besides the handler's work).
+    wall_ns: u64,
+    /// With the handler on its CPU (colocation): the faulting thread's own CPU time, which
+    /// the program's CPU spends on top of the handler's. On GNU sort (one thread) an observed
+    /// fault cost the run about 13 µs; the handler's CPU time is a part of that.
+    thread_cpu_ns: u64,
 }
 
-/// How often [`fault_ns`] times a fault again.
+/// What a tracked fault costs: timed by the tracker on a page of its own
+/// (`MinorTracker::time_fault`), again every [`FAULT_RETIME`] (what a wake-up costs moves
+/// with the host's load); nothing under SIGBUS delivery (the faulting thread serves itself:
+/// the handler's CPU time is the cost).
+fn fault_cost(s: &Shared) -> FaultCost {
+    let mut timed = s.fault_timed.lock().expect("fault timing lock");
+    if timed.is_none_or(|(at, _)| at.elapsed() >= FAULT_RETIME) {
+        let cost = s.tracker.time_fault(5).ok().flatten().map_or(FaultCost::default(), |d| FaultCost {
+            wall_ns: d.wall.as_nanos() as u64,
+            thread_cpu_ns: d.thread_cpu.as_nanos() as u64,
+        });
+        *timed = Some((Instant::now(), cost));
+    }
+    timed.map_or(FaultCost::default(), |(_, c)| c)
+}
+
+/// How often [`fault_cost`] times a fault again.
 const FAULT_RETIME: Duration = Duration::from_secs(5);
 
 impl Shared {
