@@ -127,9 +127,8 @@ struct Inner {
     /// Faults served while the handler did not share the faulting thread's CPU: each cost
     /// that thread two cross-CPU wake-ups besides the handler's work (`crate::fault_cost`).
     unpinned_faults: AtomicU64,
-    /// Whether the handler shares the program's one thread's CPU now (colocation).
-    pinned: AtomicBool,
-    /// That CPU while it does (`crate::fault_cost` times a fault there); -1: none.
+    /// The CPU the handler shares with the program's one thread now (colocation;
+    /// `crate::fault_cost` times a fault there); -1: none.
     pinned_cpu: AtomicIsize,
     /// The page the tracker faults on itself to time a fault (`crate::fault_cost`): served,
     /// never counted, never a reason to pin or release a thread. 0: none.
@@ -211,7 +210,6 @@ impl MinorTracker {
             faults: AtomicU64::new(0),
             arm_ns: AtomicU64::new(0),
             unpinned_faults: AtomicU64::new(0),
-            pinned: AtomicBool::new(false),
             pinned_cpu: AtomicIsize::new(-1),
             probe_page: AtomicUsize::new(0),
             handler_clock: Mutex::new(None),
@@ -238,7 +236,7 @@ impl MinorTracker {
     /// Whether the handler thread shares the program's one thread's CPU now (colocation):
     /// a fault then costs no cross-CPU wake-up.
     pub fn colocated(&self) -> bool {
-        self.inner.pinned.load(Ordering::Relaxed)
+        self.inner.pinned_cpu.load(Ordering::Relaxed) >= 0
     }
 
     /// Start tracking `[start, start+len)` (a shared-memory mapping, page aligned).
@@ -507,7 +505,6 @@ fn serve(inner: &Inner, colocate: Option<u32>) {
                         }
                         let pinned_cpu = colocation.as_ref().and_then(Colocation::pinned_cpu);
                         let pinned = pinned_cpu.is_some();
-                        inner.pinned.store(pinned, Ordering::Relaxed);
                         inner.pinned_cpu.store(pinned_cpu.map_or(-1, |c| c as isize), Ordering::Relaxed);
                         if let Some(r) = inner.ranges.read().expect("ranges lock").iter().find(|r| r.holds(page)) {
                             r.record_fault(page);
