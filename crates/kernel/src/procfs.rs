@@ -223,6 +223,13 @@ pub struct MemUsage {
     pub private_hugetlb: u64,
 }
 
+impl MemUsage {
+    /// Memory mapped by huge entries: anonymous THP, shmem and file hugepages, hugetlb.
+    pub fn pmd_mapped(&self) -> u64 {
+        self.anon_huge + self.shmem_pmd_mapped + self.file_pmd_mapped + self.shared_hugetlb + self.private_hugetlb
+    }
+}
+
 /// Parse /proc/PID/smaps_rollup.
 pub fn parse_smaps_rollup(text: &str) -> Result<MemUsage> {
     let rollup: SmapsRollup = parse_with("smaps_rollup", text)?;
@@ -570,6 +577,16 @@ mod tests {
     fn meminfo_live() {
         let m = read_meminfo().unwrap();
         assert!(m.mem_total > 0);
+    }
+
+    #[test]
+    fn huge_mappings_of_every_kind_add_up() {
+        let text = include_str!("../fixtures/smaps_rollup-6.18.txt")
+            .replace("AnonHugePages:         0 kB", "AnonHugePages:      2048 kB")
+            .replace("ShmemPmdMapped:        0 kB", "ShmemPmdMapped:     4096 kB");
+        let u = parse_smaps_rollup(&text).unwrap();
+        assert_eq!((u.anon_huge, u.shmem_pmd_mapped), (2 << 20, 4 << 20));
+        assert_eq!(u.pmd_mapped(), 6 << 20);
     }
 
     #[test]

@@ -136,12 +136,6 @@ struct ServerUse {
     hugepage_bytes: u64,
 }
 
-/// PMD-mapped bytes of process `pid`: anonymous THP, shmem and file hugepages, hugetlb.
-fn hugepage_bytes_of(pid: u32) -> Option<u64> {
-    let m = pagewise_kernel::procfs::read_mem_usage(pagewise_kernel::procfs::Pid::Id(pid as i32)).ok()?;
-    Some(m.anon_huge + m.shmem_pmd_mapped + m.file_pmd_mapped + m.shared_hugetlb + m.private_hugetlb)
-}
-
 fn set_thp(guard: &SettingsGuard, c: Config, machine: &str) -> anyhow::Result<()> {
     let want = if c == Config::ThpAlways { "always" } else { machine };
     ThpSetting::Enabled.set(guard, want).with_context(|| format!("setting THP to {want}"))?;
@@ -206,7 +200,8 @@ fn run_server(
     };
     let reads_done = work();
     let memory = memory_of(s.pid).unwrap_or(0);
-    let hugepage_bytes = hugepage_bytes_of(s.pid).unwrap_or(0);
+    let hugepage_bytes = pagewise_kernel::procfs::read_mem_usage(pagewise_kernel::procfs::Pid::Id(s.pid as i32))
+        .map_or(0, |m| m.pmd_mapped());
     let err = s.stop()?;
     let (r, cpu_s) =
         reads_done.with_context(|| format!("{} ({}):\n{}", kind.name(), c.label(), programs::tail(&err, 20)))?;
