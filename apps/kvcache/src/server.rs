@@ -224,6 +224,9 @@ struct Conn {
     closing: bool,
     /// Peer sent EOF.
     eof: bool,
+    /// An event said the peer closed its side: a short read no longer means the socket is
+    /// drained, since the FIN may have come with the data under one edge and raise no other.
+    peer_closed: bool,
     /// Registered for WRITABLE.
     want_write: bool,
     /// Reading paused for back-pressure.
@@ -243,6 +246,7 @@ impl Conn {
             pending: Vec::new(),
             closing: false,
             eof: false,
+            peer_closed: false,
             want_write: false,
             paused: false,
         }
@@ -326,6 +330,11 @@ fn worker(shared: Arc<Shared>, mut poll: Poll, rx: Receiver<std::net::TcpStream>
                     ready.push_back(tok);
                 }
                 continue;
+            }
+            if ev.is_read_closed() {
+                if let Some(c) = conns.get_mut(&ev.token().0) {
+                    c.peer_closed = true;
+                }
             }
             if !ready.contains(&ev.token().0) {
                 ready.push_back(ev.token().0);
@@ -432,8 +441,9 @@ fn serve(shared: &Shared, c: &mut Conn) -> bool {
                     // number of bytes, you can be sure of having exhausted the read I/O space
                     // for the file descriptor", and data arriving later raises a new
                     // edge-triggered event. Reading again would only fetch EAGAIN: a wasted
-                    // syscall per request for a client that waits for each reply.
-                    if c.closing || n < room {
+                    // syscall per request for a client that waits for each reply. Not once the
+                    // peer closed: its FIN raises no edge of its own if it came with the data.
+                    if c.closing || n < room && !c.peer_closed {
                         break;
                     }
                 }

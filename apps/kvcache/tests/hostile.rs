@@ -113,6 +113,23 @@ fn slow_and_half_closed(mut srv: Server) {
     assert!(srv.alive());
 }
 
+/// A request and the FIN after it can reach the server as one readiness event: the reply still
+/// comes, and the close, however the two arrive (many tries, each with its own timing).
+#[test]
+fn a_request_and_its_fin_together_are_answered_and_closed() {
+    for srv in [Server::start(&["-m", "8", "-t", "1"]), Server::start_confined(&["-m", "8", "-t", "1"])] {
+        for i in 0..300 {
+            let mut c = srv.connect();
+            // Let the server take the connection in first, so the two land on a socket it
+            // already watches.
+            std::thread::sleep(Duration::from_millis(2));
+            c.send(b"get none\r\n");
+            c.s.shutdown(Shutdown::Write).unwrap();
+            assert_eq!(c.read_to_close(), b"END\r\n", "try {i}");
+        }
+    }
+}
+
 #[test]
 fn connection_limit_refuses_with_an_error() {
     let srv = Server::start(&["-m", "8", "-c", "2"]);
