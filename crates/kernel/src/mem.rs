@@ -66,6 +66,8 @@ pub enum Advice {
     PopulateWrite,
     /// MADV_DONTFORK: a child made by fork(2) does not get the range.
     DontFork,
+    /// MADV_DOFORK: undo MADV_DONTFORK.
+    DoFork,
 }
 
 /// `MADV_COLLAPSE`; libc may not carry it yet. From include/uapi/asm-generic/mman-common.h.
@@ -89,6 +91,7 @@ impl Advice {
             Advice::PopulateRead => 22,
             Advice::PopulateWrite => 23,
             Advice::DontFork => libc::MADV_DONTFORK,
+            Advice::DoFork => libc::MADV_DOFORK,
         }
     }
 
@@ -108,6 +111,7 @@ impl Advice {
             Advice::PopulateRead => "madvise(MADV_POPULATE_READ)",
             Advice::PopulateWrite => "madvise(MADV_POPULATE_WRITE)",
             Advice::DontFork => "madvise(MADV_DONTFORK)",
+            Advice::DoFork => "madvise(MADV_DOFORK)",
         }
     }
 }
@@ -194,6 +198,23 @@ pub unsafe fn move_mapping(from: usize, to: usize, len: usize) -> Result<()> {
     // SAFETY: upheld by the caller.
     if unsafe { sys::mremap(from, len, len, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, to) } == libc::MAP_FAILED {
         return Err(Error::last_os("mremap(MREMAP_FIXED)"));
+    }
+    Ok(())
+}
+
+/// Map the shared pages of `[from, from + len)` a second time at `[to, to + len)`, replacing
+/// what was mapped there, in one step (mremap(2) with an old size of zero: "a new mapping of
+/// the same pages"): a thread touching the target sees the old mapping or the new one, never a
+/// gap. `from` stays mapped. Private memory cannot be mapped twice (EINVAL).
+///
+/// # Safety
+/// `from` is a MAP_SHARED mapping of the caller's; `to` is theirs to replace.
+pub unsafe fn map_shared_again(from: usize, to: usize, len: usize) -> Result<()> {
+    check_range(from, len)?;
+    check_range(to, len)?;
+    // SAFETY: upheld by the caller.
+    if unsafe { sys::mremap(from, 0, len, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, to) } == libc::MAP_FAILED {
+        return Err(Error::last_os("mremap(old size 0, MREMAP_FIXED)"));
     }
     Ok(())
 }
@@ -630,6 +651,34 @@ mod tests {
         mincore(m.addr(), m.len(), &mut v).unwrap();
         assert_eq!(v.iter().map(|b| b & 1).collect::<Vec<_>>(), (0..16).map(|i| (i == 3) as u8).collect::<Vec<_>>());
         assert!(mincore(m.addr(), m.len(), &mut [0u8; 2]).is_err());
+    }
+
+    #[test]
+    fn shared_pages_mapped_again_replace_the_target_and_stay_one_memory() {
+        let fd = memfd_create("pw-again", None).unwrap();
+        ftruncate(&fd, 1 << 16).unwrap();
+        let shared = Mapping::of_fd(&fd, 1 << 16, 0, &MapOptions { shared: true, ..Default::default() }).unwrap();
+        let target = Mapping::anonymous(1 << 16, &MapOptions::default()).unwrap();
+        // SAFETY: our own mappings.
+        unsafe {
+            shared.as_mut_slice()[4096 + 7] = 3;
+            target.as_mut_slice()[7] = 9;
+        }
+        // SAFETY: `shared` is a shared mapping of ours; `target` ours to replace (and released
+        // to the new mapping, which `again` owns from here).
+        unsafe { map_shared_again(shared.addr() + 4096, target.addr(), 4096) }.unwrap();
+        let (t, n) = target.into_raw();
+        // SAFETY: the first page of the old target is the new mapping now; the rest still ours.
+        let (again, _rest) = unsafe { (Mapping::from_raw(t, 4096), Mapping::from_raw(t.add(4096), n - 4096)) };
+        // SAFETY: our own mappings.
+        unsafe {
+            assert_eq!(again.as_slice()[7], 3, "the target shows the shared page");
+            again.as_mut_slice()[8] = 5;
+            assert_eq!(shared.as_slice()[4096 + 8], 5, "one memory, two mappings");
+        }
+        let private = Mapping::anonymous(4096, &MapOptions::default()).unwrap();
+        // SAFETY: as above; private memory cannot be mapped twice, so nothing changes.
+        assert!(unsafe { map_shared_again(private.addr(), again.addr(), 4096) }.is_err());
     }
 
     #[test]

@@ -13,6 +13,8 @@ use pagewise_kernel::tmpfs::HugeTmpfs;
 
 use crate::Result;
 
+mod young;
+
 /// A memfd mapped shared, 2 MiB aligned, a whole number of 2 MiB regions long: the program's
 /// view, which the program may cut holes into (`unmap`, `detach`), and an alias of the whole
 /// memfd the arena keeps for itself (releasing memory, counting it) — so the memfd's
@@ -31,6 +33,9 @@ pub struct TrackedArena {
     /// Ranges of the view that are no longer the arena's, sorted: unmapped by the program or
     /// detached (plain memory of its own now). Never unmapped, punched or counted again.
     holes: Mutex<Vec<(usize, usize)>>,
+    /// Per 2 MiB region: whether the view maps the memfd there (true), or still the program's
+    /// private anonymous memory of a young arena, not yet moved in ([`TrackedArena::young`]).
+    in_memfd: Mutex<Vec<bool>>,
 }
 
 impl TrackedArena {
@@ -57,7 +62,14 @@ impl TrackedArena {
         // The alias is the runtime's: a child made by fork(2) has no use for it.
         alias.advise(Advice::DontFork)?;
         let (addr, len) = view.into_raw();
-        Ok(TrackedArena { addr: addr as usize, len, view: addr as usize, alias, holes: Mutex::new(Vec::new()) })
+        Ok(TrackedArena {
+            addr: addr as usize,
+            len,
+            view: addr as usize,
+            alias,
+            holes: Mutex::new(Vec::new()),
+            in_memfd: Mutex::new(vec![true; len / HUGE_PMD]),
+        })
     }
 
     /// An arena whose view is exactly `[addr, addr+len)` (page aligned), mapped over whatever
@@ -87,7 +99,14 @@ impl TrackedArena {
         let view = unsafe { Mapping::of_fd_at(&fd, addr, len, (addr - lo) as u64, &shared) }?;
         let _ = view.into_raw();
         let holes = [(lo, addr - lo), (addr + len, hi - addr - len)].into_iter().filter(|&(_, n)| n > 0).collect();
-        Ok(TrackedArena { addr: lo, len: hi - lo, view: addr, alias, holes: Mutex::new(holes) })
+        Ok(TrackedArena {
+            addr: lo,
+            len: hi - lo,
+            view: addr,
+            alias,
+            holes: Mutex::new(holes),
+            in_memfd: Mutex::new(vec![true; (hi - lo) / HUGE_PMD]),
+        })
     }
 
     /// The first of its 2 MiB regions.
@@ -116,11 +135,23 @@ impl TrackedArena {
     /// asks the page cache). Unlike the VMA's Rss this includes pages whose mappings the
     /// tracker dropped (they still occupy memory).
     pub fn resident_bytes(&self) -> u64 {
-        let mut v = vec![0u8; self.len / mem::page_size()];
+        let page = mem::page_size();
+        let mut v = vec![0u8; self.len / page];
         if mem::mincore(self.alias.addr(), self.len, &mut v).is_err() {
             return 0;
         }
-        v.iter().filter(|&&b| b & 1 != 0).count() as u64 * mem::page_size() as u64
+        let in_memfd = v.iter().filter(|&&b| b & 1 != 0).count() as u64 * page as u64;
+        // A young region's memory is the view's own (anonymous) pages.
+        let young: u64 = self
+            .parts_by_home(self.addr, self.len)
+            .into_iter()
+            .filter(|p| !p.in_memfd)
+            .map(|p| {
+                let mut v = vec![0u8; p.len / page];
+                mem::mincore(p.addr, p.len, &mut v).map_or(0, |_| v.iter().filter(|&&b| b & 1 != 0).count() as u64)
+            })
+            .sum();
+        in_memfd + young * page as u64
     }
 
     /// Whether page `page` of 2 MiB region `region` is in memory (mincore(2) of one page of
@@ -142,11 +173,16 @@ impl TrackedArena {
     }
 
     /// Free the memory behind `[addr, addr+len)` of the view, where it is still the arena's
-    /// (MADV_REMOVE on the alias punches a hole in the memfd); it reads back as zeros.
+    /// (MADV_REMOVE on the alias punches a hole in the memfd; MADV_DONTNEED on a young
+    /// region's private memory); it reads back as zeros.
     pub fn release(&self, addr: usize, len: usize) -> Result<()> {
         self.check(addr, len)?;
-        for (a, n) in self.live_parts(addr, len) {
-            mem::madvise(self.alias.addr() + (a - self.addr), n, Advice::Remove)?;
+        for p in self.parts_by_home(addr, len) {
+            if p.in_memfd {
+                mem::madvise(self.alias.addr() + (p.addr - self.addr), p.len, Advice::Remove)?;
+            } else {
+                mem::madvise(p.addr, p.len, Advice::DontNeed)?;
+            }
         }
         Ok(())
     }
@@ -161,16 +197,20 @@ impl TrackedArena {
     pub unsafe fn copy_held(&self, addr: usize, len: usize, dst: usize) -> Result<()> {
         self.check(addr, len)?;
         let page = mem::page_size();
-        let from = self.alias.addr() + (addr - self.addr);
-        let mut held = vec![0u8; len.div_ceil(page)];
-        mem::mincore(from, len, &mut held)?;
-        for (i, h) in held.iter().enumerate() {
-            if h & 1 != 0 {
-                let n = page.min(len - i * page);
-                // SAFETY: both ranges are the caller's and the alias's, inside their bounds.
-                unsafe {
-                    std::ptr::copy_nonoverlapping((from + i * page) as *const u8, (dst + i * page) as *mut u8, n)
-                };
+        for p in self.parts_by_home(addr, len) {
+            // A young region's data is in the view's own pages; mincore(2) answers for either.
+            let from = if p.in_memfd { self.alias.addr() + (p.addr - self.addr) } else { p.addr };
+            let to = dst + (p.addr - addr);
+            let mut held = vec![0u8; p.len.div_ceil(page)];
+            mem::mincore(from, p.len, &mut held)?;
+            for (i, h) in held.iter().enumerate() {
+                if h & 1 != 0 {
+                    let n = page.min(p.len - i * page);
+                    // SAFETY: both ranges are the caller's and the arena's, inside their bounds.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping((from + i * page) as *const u8, (to + i * page) as *mut u8, n)
+                    };
+                }
             }
         }
         Ok(())
