@@ -289,7 +289,7 @@ static int hps_arena_summary(char *buf, size_t n) {
                      (unsigned long long)s.promoted_regions, (unsigned long long)s.periods,
                      (unsigned long long)s.faults);
     /* "; tracking converged at exit" (or "still tracking at exit"), "; converged N time(s), ..." */
-    char state[256];
+    char state[768];
     if (p_state && w > 0 && (size_t)w < n && p_state(state, sizeof state) == 0)
         snprintf(buf + w, n - (size_t)w, "; %s", strncmp(state, "hps: ", 5) == 0 ? state + 5 : state);
     return 0;

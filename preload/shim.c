@@ -74,7 +74,7 @@ void pw_route_bss(void);
 static int errfd = 2;
 
 void pw_note(const char *fmt, ...) {
-    char buf[512];
+    char buf[1024];
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(buf, sizeof buf, fmt, ap);
@@ -584,7 +584,7 @@ __attribute__((destructor)) static void shim_fini(void) {
                 "refused (left in libc)\n", atomic_load(&pw_routed_count), pw_arena->name,
                 atomic_load(&pw_routed_bytes) >> 20, atomic_load(&pw_routed_peak) >> 20, atomic_load(&pw_fallbacks));
     pw_in_shim++;
-    char line[384];
+    char line[896];
     if (report && pw_arena->summary && pw_arena->summary(line, sizeof line) == 0)
         pw_note("pagewise: %s\n", line);
     /* What the run reports (the tuner's decisions) is the started program's: a process it

@@ -77,6 +77,17 @@ fn promoted(stderr: &str) -> Option<u64> {
     stderr.lines().find_map(|l| l.strip_prefix("pagewise: hps: ")?.split(" region(s) promoted").next()?.parse().ok())
 }
 
+/// The shim's "N region(s) moved into tracked memory" from its end-of-run report.
+fn moved_in(stderr: &str) -> u64 {
+    stderr
+        .lines()
+        .find_map(|l| {
+            let (before, _) = l.strip_prefix("pagewise: hps: ")?.split_once(" region(s) moved into tracked memory")?;
+            before.rsplit(' ').next()?.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no late-routing report:\n{stderr}"))
+}
+
 fn shmem_pmd_kb(pid: u32) -> u64 {
     let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
     text.lines()
@@ -100,8 +111,29 @@ fn hot_array_under_hps(flags: &[&str]) -> Option<String> {
         .unwrap_or_else(|| panic!("no ShmemPmdMapped line:\n{err}"));
     assert!(pmd >= 2048, "no region of the array was promoted within 60 s:\n{err}");
     assert!(promoted(&err).unwrap_or(0) >= 1, "the shim reports no promotion:\n{err}");
+    if !flags.contains(&"--late-routing") {
+        // Young at first (late routing): promoted only once moved into tracked memory.
+        assert!(moved_in(&err) >= 1, "nothing moved into tracked memory:\n{err}");
+    }
     assert!(err.contains("the pace ramped with the program's age"), "hot_array never listens:\n{err}");
     Some(cpus)
+}
+
+/// A program that ends before its memory is a second old never gets tracked memory: the array
+/// stays its own private memory, nothing moves in, and the result is the same.
+#[test]
+fn a_program_that_ends_young_keeps_private_memory() {
+    let Some((direct, run, err)) = direct_and_under_hps("hot_array", &["0"], &["0"]) else { return };
+    assert_eq!(run.stdout, direct.stdout, "{err}");
+    assert!(err.contains("pagewise: 1 allocation(s) on hps memory"), "the array was not routed:\n{err}");
+    assert_eq!(moved_in(&err), 0, "{err}");
+    assert!(err.contains("1 arena(s) began as the program's private memory"), "{err}");
+    // With late routing off the same array is tracked memory from the start, and tracked.
+    let Some((_, run, err)) = direct_and_under_hps_with("hot_array", &["--late-routing", "off"], &["0"], &["0"]) else {
+        return;
+    };
+    assert_eq!(run.stdout, direct.stdout, "{err}");
+    assert!(err.contains("0 arena(s) began as the program's private memory"), "{err}");
 }
 
 /// listen(2) through the shim means what it means without it, and a program that listens is

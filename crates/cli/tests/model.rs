@@ -122,6 +122,22 @@ fn dlm_gives_plain_memory_semantics_with_small_allocations_routed() {
 
 /// As above under HPS: the runtime's own threads allocate more than 16 KiB at times, which must
 /// never come from the arena they track.
+/// With late routing off: every arena tracked memory (a memfd) from the start.
+#[test]
+fn hps_gives_plain_memory_semantics_in_tracked_memory_from_the_start() {
+    let (_dir, m) = model("model-hps-at-once");
+    same_as_plain(&m, &["hps", "run", "--min-alloc", "64K", "--late-routing", "off"], 61_001, 1500);
+}
+
+/// Arenas young at first and moved into tracked memory as soon as the tracking thread looks
+/// (every 20 ms, the pace never in the way), while the sequences go on using them.
+#[test]
+fn hps_gives_plain_memory_semantics_while_memory_moves_in() {
+    let (_dir, m) = model("model-hps-moving");
+    let hps = ["hps", "run", "--min-alloc", "64K", "--late-routing", "0", "--pace", "1", "--pace-ramp", "0"];
+    same_as_plain(&m, &hps, 91_001, 1500);
+}
+
 #[test]
 fn hps_gives_plain_memory_semantics_with_placed_memory_tracked() {
     let (_dir, m) = model("model-hps-placed");

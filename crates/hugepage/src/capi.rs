@@ -227,6 +227,10 @@ pub extern "C" fn hps_preload_start(promote_fraction: f64, interval_ms: u32) -> 
                 .unwrap_or_default(),
             pace: Some(pace),
             track_pace: Some(pace),
+            // Seconds, or `off` (`pagewise hps run --late-routing`); unset: off.
+            late_routing: env_number("PAGEWISE_HPS_LATE_ROUTING_S")
+                .filter(|s| (0.0..=86_400.0).contains(s))
+                .map(Duration::from_secs_f64),
             ..d
         };
         // A process exec'd by a pinned program gets the program's CPUs back.
@@ -318,7 +322,8 @@ pub unsafe extern "C" fn hps_preload_state(buf: *mut c_char, n: usize) -> c_int 
             None => "the pace ramped with the program's age".to_string(),
         };
         let line = format!(
-            "hps: {} region(s) advised ahead of a dense fill, {} declined (hugepages dear); the pace put off {} promotion(s) and {} tracking period(s); {pace}; {at_exit}; converged {} time(s), restarted {} time(s), {} probe(s) while converged",
+            "hps: {} arena(s) began as the program's private memory, {} region(s) moved into tracked memory ({} page(s) copied, {:.1} ms); {} region(s) advised ahead of a dense fill, {} declined (hugepages dear); the pace put off {} promotion(s) and {} tracking period(s); {pace}; {at_exit}; converged {} time(s), restarted {} time(s), {} probe(s) while converged",
+            st.young_arenas, st.moved_in_regions, st.moved_in_pages, st.move_in_ns as f64 / 1e6,
             st.first_touch_regions, st.first_touch_declined, st.paced_promotions, st.paced_periods, st.converge_stops, st.converge_restarts, st.probes
         );
         let len = line.len().min(n - 1);

@@ -23,6 +23,7 @@ use crate::policy::{Backoff, ConvergeRule, Convergence, Decision, RegionRule, Re
 use crate::{Error, Result};
 
 mod fill_watch;
+mod late;
 mod period;
 
 use fill_watch::FillWatch;
@@ -91,6 +92,11 @@ pub struct HpsConfig {
     /// time spent arming pages) to a share of wall time; a period the pace does not allow is
     /// skipped (`pagewise hps run`). None: a period every interval.
     pub track_pace: Option<Pace>,
+    /// Late routing ([`crate::late`]): arenas from [`Hps::alloc`] start as the program's own
+    /// private memory and move into tracked memory once this old, region by region as the
+    /// promotion pace allows (`pagewise hps run`, whose program may end before tracked memory
+    /// pays). None: tracked memory from the start.
+    pub late_routing: Option<Duration>,
 }
 
 impl Default for HpsConfig {
@@ -114,6 +120,7 @@ impl Default for HpsConfig {
             first_touch: FirstTouch::Off,
             pace: None,
             track_pace: None,
+            late_routing: None,
         }
     }
 }
@@ -146,6 +153,13 @@ pub struct HpsStats {
     pub paced_promotions: u64,
     /// Tracking periods the tracking pace skipped ([`HpsConfig::track_pace`]).
     pub paced_periods: u64,
+    /// Late routing ([`HpsConfig::late_routing`]): arenas made young, regions moved into
+    /// tracked memory, the pages copied, the CPU time it took, and moves that failed.
+    pub moved_in_regions: u64,
+    pub moved_in_pages: u64,
+    pub move_in_ns: u64,
+    pub move_in_failures: u64,
+    pub young_arenas: u64,
     /// Regions advised ahead of a dense fill (a hugepage at their first touch).
     pub first_touch_regions: u64,
     /// Regions of windows ahead of a dense fill declined because hugepages were dear.
@@ -218,6 +232,17 @@ struct Shared {
     serving_since_ns: AtomicU64,
     /// First-touch hugepages ahead of dense fills, when configured and possible.
     fill: Option<FillWatch>,
+    /// Young arenas (late routing): their ids ([`TrackedArena::id`]: a view's address may be
+    /// another arena's too, one placed where the program unmapped a young one's start) and
+    /// when they were made (ns after the start), oldest first.
+    young: Mutex<Vec<(usize, u64)>>,
+    /// What holds writers back while a region moves in (None: late routing off or impossible).
+    move_in_uffd: Option<pagewise_kernel::uffd::Uffd>,
+    moved_regions: AtomicU64,
+    moved_pages: AtomicU64,
+    move_in_ns: AtomicU64,
+    move_in_failures: AtomicU64,
+    young_made: AtomicU64,
     /// Regions the kernel refused to collapse, and how often (see `period::MAX_REFUSALS`).
     refusals: Mutex<HashMap<usize, u32>>,
     collapse_ns: AtomicU64,
@@ -268,6 +293,7 @@ impl Hps {
         let conv = cfg.converge.map(Convergence::new);
         let pace = cfg.pace;
         let track_pace = cfg.track_pace.map(ChargedPace::new);
+        let move_in_uffd = cfg.late_routing.and_then(|_| late::open_uffd());
         // The runtime's threads besides the program's: the tracking thread, the service
         // thread (with Notify::Handler) and the tracker's handler thread.
         let own_threads = 2 + u32::from(notify == Notify::Handler);
@@ -310,6 +336,13 @@ impl Hps {
                 FirstTouch::Priced => FillWatch::new(true),
                 FirstTouch::Always => FillWatch::new(false),
             },
+            young: Mutex::new(Vec::new()),
+            move_in_uffd,
+            moved_regions: AtomicU64::new(0),
+            moved_pages: AtomicU64::new(0),
+            move_in_ns: AtomicU64::new(0),
+            move_in_failures: AtomicU64::new(0),
+            young_made: AtomicU64::new(0),
             refusals: Mutex::new(HashMap::new()),
             collapse_ns: AtomicU64::new(0),
             sent: AtomicU64::new(0),
@@ -366,6 +399,15 @@ impl Hps {
 
     /// Memory HPS tracks: a 2 MiB aligned arena of at least `len` bytes.
     pub fn alloc(&self, len: usize) -> Result<*mut u8> {
+        if self.shared.new_arena_young() {
+            let arena = TrackedArena::young("pagewise-hps", len)?;
+            let (p, id) = (arena.as_ptr(), arena.id());
+            let born = self.shared.epoch.elapsed().as_nanos() as u64;
+            self.shared.arenas.lock().expect("arenas lock").push(arena);
+            self.shared.young.lock().expect("young lock").push((id, born));
+            self.shared.young_made.fetch_add(1, Ordering::Relaxed);
+            return Ok(p);
+        }
         let arena = match &self.shared.fill {
             Some(f) => f.new_arena("pagewise-hps", len)?,
             None => TrackedArena::new("pagewise-hps", len)?,
@@ -409,14 +451,18 @@ impl Hps {
         let mut arenas = self.shared.arenas.lock().expect("arenas lock");
         let pos = arenas.iter().position(|a| a.view_addr() == addr).ok_or(pagewise_track::Error::NotTracked(addr))?;
         let a = &arenas[pos];
-        // Its range is the one holding what is left of its view (another arena's may share
-        // its start); an arena of which nothing is left was freed when the last part went.
-        let live = a.live_parts(a.addr(), a.len());
-        let range = live.first().and_then(|&(at, _)| self.shared.tracker.range_of(at));
         let addr = a.addr();
-        match range {
-            Some(r) => self.shared.tracker.untrack_range(&r)?,
-            None => self.shared.tracker.untrack(addr)?,
+        if self.shared.is_young(a.id()) {
+            // Never tracked.
+            self.shared.forget_young(a.id());
+        } else {
+            // Its range is the one holding what is left of its view (another arena's may share
+            // its start); an arena of which nothing is left was freed when the last part went.
+            let live = a.live_parts(a.addr(), a.len());
+            match live.first().and_then(|&(at, _)| self.shared.tracker.range_of(at)) {
+                Some(r) => self.shared.tracker.untrack_range(&r)?,
+                None => self.shared.tracker.untrack(addr)?,
+            }
         }
         if let Some(f) = &self.shared.fill {
             f.forget_arena(addr);
@@ -465,48 +511,73 @@ impl Hps {
         let a = arenas.iter().find(|a| a.owns(addr, len)).ok_or(pagewise_track::Error::NotTracked(addr))?;
         // The tracker lets go first: no arming or collapsing of the range from here on. Its
         // range is taken now: once forgotten, the pages no longer say which range they were
-        // (another's may span them too, `TrackedRange::holds`).
-        let range = self.shared.tracker.range_of(addr).ok_or(pagewise_track::Error::NotTracked(addr))?;
-        range.forget(range.page_of(addr), len.div_ceil(PAGE));
-        let copy = Mapping::anonymous(len, &MapOptions::default())?;
-        // SAFETY: `copy` is a fresh mapping of `len` bytes; the program does not write the
-        // range it is taking over while it asks for it.
-        unsafe { a.copy_held(addr, len, copy.addr()) }?;
-        let (from, _) = copy.into_raw();
-        // SAFETY: `from` is the fresh mapping given up above; the range is the caller's.
-        if let Err(e) = unsafe { move_mapping(from as usize, addr, len) } {
-            // SAFETY: the move did not happen: still ours.
-            let _ = unsafe { munmap(from as usize, len) };
-            return Err(e.into());
+        // (another's may span them too, `TrackedRange::holds`). A young arena has none.
+        let range = if self.shared.is_young(a.id()) {
+            None
+        } else {
+            Some(self.shared.tracker.range_of(addr).ok_or(pagewise_track::Error::NotTracked(addr))?)
+        };
+        if let Some(r) = &range {
+            r.forget(r.page_of(addr), len.div_ceil(PAGE));
+        }
+        // Memory still the view's own private pages (a young region's) is the program's as it
+        // is; what is in the memfd is copied out.
+        if a.in_memfd_anywhere(addr, len) {
+            let copy = Mapping::anonymous(len, &MapOptions::default())?;
+            // SAFETY: `copy` is a fresh mapping of `len` bytes; the program does not write the
+            // range it is taking over while it asks for it.
+            unsafe { a.copy_held(addr, len, copy.addr()) }?;
+            let (from, _) = copy.into_raw();
+            // SAFETY: `from` is the fresh mapping given up above; the range is the caller's.
+            if let Err(e) = unsafe { move_mapping(from as usize, addr, len) } {
+                // SAFETY: the move did not happen: still ours.
+                let _ = unsafe { munmap(from as usize, len) };
+                return Err(e.into());
+            }
         }
         drop(arenas);
-        self.give_up_in(&range, addr, len, |_, _| Ok(()))
+        self.give_up_in(range.as_ref(), addr, len, |_, _| Ok(()))
     }
 
     /// Forget `[addr, addr+len)` in the tracker (waiting for its work there), release its
     /// memory and mark it the arena's no more; `then` does what the caller does to the range;
     /// the arena goes once nothing of it is left.
     fn give_up(&self, addr: usize, len: usize, then: impl FnOnce(usize, usize) -> Result<()>) -> Result<()> {
+        let young = {
+            let arenas = self.shared.arenas.lock().expect("arenas lock");
+            let a = arenas.iter().find(|a| a.owns(addr, len)).ok_or(pagewise_track::Error::NotTracked(addr))?;
+            self.shared.is_young(a.id())
+        };
+        if young {
+            return self.give_up_in(None, addr, len, then);
+        }
         let range = self.shared.tracker.range_of(addr).ok_or(pagewise_track::Error::NotTracked(addr))?;
-        self.give_up_in(&range, addr, len, then)
+        self.give_up_in(Some(&range), addr, len, then)
     }
 
-    /// [`Hps::give_up`] of a range of `range`'s, the tracked range that held it.
+    /// [`Hps::give_up`] of a range of `range`'s, the tracked range that held it (None: a young
+    /// arena's, never tracked).
     fn give_up_in(
         &self,
-        range: &Arc<pagewise_track::TrackedRange>,
+        range: Option<&Arc<pagewise_track::TrackedRange>>,
         addr: usize,
         len: usize,
         then: impl FnOnce(usize, usize) -> Result<()>,
     ) -> Result<()> {
         let mut arenas = self.shared.arenas.lock().expect("arenas lock");
         let pos = arenas.iter().position(|a| a.owns(addr, len)).ok_or(pagewise_track::Error::NotTracked(addr))?;
-        range.forget(range.page_of(addr), len.div_ceil(PAGE));
+        if let Some(range) = range {
+            range.forget(range.page_of(addr), len.div_ceil(PAGE));
+        }
         arenas[pos].give_up(addr, len)?;
         then(addr, len)?;
         if arenas[pos].all_given_up() {
-            drop(arenas.remove(pos));
-            self.shared.tracker.untrack_range(range)?;
+            let gone = arenas.remove(pos);
+            self.shared.forget_young(gone.id());
+            drop(gone);
+            if let Some(range) = range {
+                self.shared.tracker.untrack_range(range)?;
+            }
         }
         Ok(())
     }
@@ -672,6 +743,11 @@ impl Hps {
             collapse_failures: s.collapse_failures.load(Ordering::Relaxed),
             paced_promotions: s.paced.load(Ordering::Relaxed),
             paced_periods: s.paced_periods.load(Ordering::Relaxed),
+            moved_in_regions: s.moved_regions.load(Ordering::Relaxed),
+            moved_in_pages: s.moved_pages.load(Ordering::Relaxed),
+            move_in_ns: s.move_in_ns.load(Ordering::Relaxed),
+            move_in_failures: s.move_in_failures.load(Ordering::Relaxed),
+            young_arenas: s.young_made.load(Ordering::Relaxed),
             serving_since_ns: Some(s.serving_since_ns.load(Ordering::Relaxed)).filter(|&t| t != u64::MAX),
             first_touch_regions: s.fill.as_ref().map_or(0, |f| f.advised.load(Ordering::Relaxed)),
             first_touch_declined: s.fill.as_ref().map_or(0, |f| f.declined.load(Ordering::Relaxed)),

@@ -27,6 +27,7 @@ pub mod fill;
 pub mod hp_alloc;
 pub mod hp_alloc_capi;
 pub mod hps;
+pub mod late;
 pub mod pace;
 pub mod policy;
 pub mod promote;

@@ -114,6 +114,13 @@ impl TrackedArena {
         self.addr
     }
 
+    /// What tells this arena from every other live one: the address of its alias, which it
+    /// alone maps (two arenas' views may start at one address: one placed where the program
+    /// unmapped another's start).
+    pub fn id(&self) -> usize {
+        self.alias.addr()
+    }
+
     /// The first byte the program was given.
     pub fn view_addr(&self) -> usize {
         self.view
@@ -217,10 +224,15 @@ impl TrackedArena {
     }
 
     /// `[addr, addr+len)` of the view is no longer the arena's (the caller unmapped it,
-    /// replaces it, or took it over): its memory is released and the arena never touches
-    /// that range again, nor unmaps it when dropped.
+    /// replaces it, or took it over): what the memfd holds of it is released and the arena
+    /// never touches that range again, nor unmaps it when dropped. A young region's part is
+    /// left as it is: its memory is the view's own, which the caller unmaps, replaces, or
+    /// keeps.
     pub fn give_up(&self, addr: usize, len: usize) -> Result<()> {
-        self.release(addr, len)?;
+        self.check(addr, len)?;
+        for p in self.parts_by_home(addr, len).into_iter().filter(|p| p.in_memfd) {
+            mem::madvise(self.alias.addr() + (p.addr - self.addr), p.len, Advice::Remove)?;
+        }
         let mut holes = self.holes.lock().expect("holes lock");
         holes.push((addr, len));
         holes.sort_unstable();

@@ -306,6 +306,8 @@ pub(super) fn tracking_loop(s: &Shared) {
         if s.stop.load(Ordering::Acquire) || !s.tracking.load(Ordering::Acquire) {
             continue;
         }
+        // Young arenas due move into tracked memory first: a period then sees them.
+        super::late::move_in_due(s);
         let Some(affordable) = tracking_budget(s, cfg.budget_pages) else {
             // Not a period at all: nothing armed, nothing counted towards convergence.
             s.paced_periods.fetch_add(1, Ordering::Relaxed);

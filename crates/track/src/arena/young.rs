@@ -83,6 +83,12 @@ impl TrackedArena {
         self.parts_by_home(self.addr, self.len).into_iter().filter(|p| p.in_memfd).map(|p| (p.addr, p.len)).collect()
     }
 
+    /// Whether any of `[addr, addr+len)` has its memory in the memfd (else it is all the view's
+    /// own private pages, or given up).
+    pub fn in_memfd_anywhere(&self, addr: usize, len: usize) -> bool {
+        self.parts_by_home(addr, len).iter().any(|p| p.in_memfd)
+    }
+
     /// Move young region `region` into the memfd while the program may be using it (module
     /// doc). `uffd` offers write protection of unpopulated anonymous memory
     /// (UFFD_FEATURE_WP_UNPOPULATED) and is read by nobody: writers wait until woken here. On
