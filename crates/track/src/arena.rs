@@ -58,18 +58,21 @@ impl TrackedArena {
         };
         let view =
             Mapping::of_fd(&fd, len, 0, &MapOptions { shared: true, align: Some(HUGE_PMD), ..Default::default() })?;
-        let alias = Mapping::of_fd(&fd, len, 0, &MapOptions { shared: true, ..Default::default() })?;
-        // The alias is the runtime's: a child made by fork(2) has no use for it.
-        alias.advise(Advice::DontFork)?;
+        Ok(Self::whole(view, alias_of(&fd, len)?, true))
+    }
+
+    /// An arena whose view is all of `view` (whole 2 MiB regions, aligned), `alias` its memfd's
+    /// own mapping, every region's memory in the memfd or none of it (`in_memfd`).
+    fn whole(view: Mapping, alias: Mapping, in_memfd: bool) -> Self {
         let (addr, len) = view.into_raw();
-        Ok(TrackedArena {
+        TrackedArena {
             addr: addr as usize,
             len,
             view: addr as usize,
             alias,
             holes: Mutex::new(Vec::new()),
-            in_memfd: Mutex::new(vec![true; len / HUGE_PMD]),
-        })
+            in_memfd: Mutex::new(vec![in_memfd; len / HUGE_PMD]),
+        }
     }
 
     /// An arena whose view is exactly `[addr, addr+len)` (page aligned), mapped over whatever
@@ -93,8 +96,7 @@ impl TrackedArena {
         let fd = mem::memfd_create(name, None)?;
         mem::ftruncate(&fd, (hi - lo) as u64)?;
         let shared = MapOptions { shared: true, ..Default::default() };
-        let alias = Mapping::of_fd(&fd, hi - lo, 0, &shared)?;
-        alias.advise(Advice::DontFork)?;
+        let alias = alias_of(&fd, hi - lo)?;
         // SAFETY: the caller owns the range (this function's contract).
         let view = unsafe { Mapping::of_fd_at(&fd, addr, len, (addr - lo) as u64, &shared) }?;
         let _ = view.into_raw();
@@ -279,6 +281,14 @@ impl TrackedArena {
         }
         Ok(())
     }
+}
+
+/// The arena's own mapping of its memfd (`len` bytes). A child made by fork(2) has no use for
+/// it.
+fn alias_of(fd: &std::os::fd::OwnedFd, len: usize) -> Result<Mapping> {
+    let alias = Mapping::of_fd(fd, len, 0, &MapOptions { shared: true, ..Default::default() })?;
+    alias.advise(Advice::DontFork)?;
+    Ok(alias)
 }
 
 /// Whether `path`, a /proc/PID/maps path, is the file behind an arena made under `name`: a

@@ -50,17 +50,7 @@ impl TrackedArena {
         let fd = mem::memfd_create(name, None)?;
         mem::ftruncate(&fd, len as u64)?;
         let view = Mapping::anonymous(len, &MapOptions { align: Some(HUGE_PMD), ..Default::default() })?;
-        let alias = Mapping::of_fd(&fd, len, 0, &MapOptions { shared: true, ..Default::default() })?;
-        alias.advise(Advice::DontFork)?;
-        let (addr, len) = view.into_raw();
-        Ok(TrackedArena {
-            addr: addr as usize,
-            len,
-            view: addr as usize,
-            alias,
-            holes: std::sync::Mutex::new(Vec::new()),
-            in_memfd: std::sync::Mutex::new(vec![false; len / HUGE_PMD]),
-        })
+        Ok(Self::whole(view, super::alias_of(&fd, len)?, false))
     }
 
     /// Whether region `region`'s memory is in the memfd.
