@@ -19,7 +19,9 @@ mod young;
 /// view, which the program may cut holes into (`unmap`, `detach`), and an alias of the whole
 /// memfd the arena keeps for itself (releasing memory, counting it) — so the memfd's
 /// descriptor is closed once both are mapped: a program under `pagewise hps run` never runs
-/// out of descriptors, nor finds its sockets above 1024, because of its arenas.
+/// out of descriptors, nor finds its sockets above 1024, because of its arenas. A young arena's
+/// view is private anonymous memory at first, each region moved into the memfd later
+/// (`arena/young.rs`).
 #[derive(Debug)]
 pub struct TrackedArena {
     addr: usize,
