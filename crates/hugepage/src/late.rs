@@ -2,7 +2,7 @@
 //!
 //! HPS tracks and promotes memory in a memfd, and a memfd costs a program more than its own
 //! private memory before HPS has given anything back: its first touch (2.1 µs a page against
-//! 1.4 µs here) and its release at exit (0.19 µs against 0.07 µs). GNU sort of 64 MiB, whose
+//! 1.4 µs here) and its release at exit (0.74 µs against 0.26 µs). GNU sort of 64 MiB, whose
 //! 256 MiB buffer is one routed allocation, ran 1.07–1.14× plain for that alone, though it
 //! ends before any promotion could pay. So, as promotion itself is paced like ski rental
 //! ([`crate::pace`]), routing is too: an arena starts young, the program's own private memory

@@ -4,7 +4,7 @@
 //!
 //! Why: memory in a memfd costs the program more than private memory before it has given
 //! anything back. On this VM kind a first touch of a shared memfd page took 2.1 µs against
-//! 1.4 µs for a private one, and freeing it at exit 0.19 µs against 0.07 µs (128 MiB written
+//! 1.4 µs for a private one, and freeing it at exit 0.74 µs against 0.26 µs (128 MiB written
 //! and unmapped, four runs each); GNU sort of 64 MiB, whose buffer is one routed allocation,
 //! ran 1.07–1.14× plain for that alone. Tracking and promotion pay back only over a long run,
 //! so a program that ends young should never have paid for the memfd.
