@@ -127,6 +127,7 @@ mod evict;
 mod fault;
 mod frames;
 mod install;
+mod journal;
 mod ranges;
 mod redundant;
 mod remote;

@@ -3,12 +3,13 @@
 //! EEXIST): it is freed, counted, and the move made, and no data is lost. Before, the program
 //! was stopped ("moving … to the shadow failed: File exists"), seen once in a while under
 //! `pagewise run`. Both moves to the shadow are covered: a unit armed by the CLOCK hand (16 KiB
-//! units), and a written unit evicted with its frames kept (128 KiB units). Real server, real
-//! faults; the strays are planted through a hook for this test.
+//! units), and a written unit evicted with its frames kept (128 KiB units). The note comes with
+//! the runtime's journal of those pages, for the report it asks for. Real server, real faults;
+//! the strays are planted through a hook for this test.
 
 mod common;
 
-use common::with_server;
+use common::with_server_stderr;
 use pagewise_dlm::{Config, Dlm, FaultMode};
 
 const LOCAL_UNITS: usize = 8;
@@ -77,12 +78,24 @@ fn scenario(unit: usize) {
     dlm.audit().unwrap();
 }
 
+/// The note of a stray, and after it the journal of the pages concerned: how the unit's
+/// pages got where they are moved from (copied in, at least).
+fn assert_reported_with_history(stderr: Option<String>) {
+    let Some(stderr) = stderr else { return };
+    let note = stderr.find("no unit owns were in the shadow").unwrap_or_else(|| panic!("no note:\n{stderr}"));
+    let history = &stderr[note..];
+    assert!(history.contains("change(s) to those pages, oldest first:"), "no journal after the note:\n{history}");
+    assert!(history.contains("\n  #") && history.contains(" copy in "), "the journal is empty:\n{history}");
+}
+
 #[test]
 fn a_stray_page_at_an_armed_units_place_is_freed_and_the_data_kept() {
-    with_server("a_stray_page_at_an_armed_units_place_is_freed_and_the_data_kept", || scenario(16 << 10));
+    let name = "a_stray_page_at_an_armed_units_place_is_freed_and_the_data_kept";
+    assert_reported_with_history(with_server_stderr(name, || scenario(16 << 10)));
 }
 
 #[test]
 fn a_stray_page_at_an_evicted_units_place_is_freed_and_the_data_kept() {
-    with_server("a_stray_page_at_an_evicted_units_place_is_freed_and_the_data_kept", || scenario(128 << 10));
+    let name = "a_stray_page_at_an_evicted_units_place_is_freed_and_the_data_kept";
+    assert_reported_with_history(with_server_stderr(name, || scenario(128 << 10)));
 }

@@ -7,6 +7,7 @@ use pagewise_kernel::uffd::Uffd;
 
 use super::frames::Frames;
 use super::install::{overlaps, CleanMove};
+use super::journal::{self, Op};
 use super::remote::{Pending, ReplyInto};
 use super::{Area, Entry, Inner, State, MOVE_MIN, NONE};
 use crate::config::FaultMode;
@@ -95,8 +96,12 @@ impl Inner {
             let sh = shadow.expect("to_shadow has a shadow");
             self.clear_place(st, sh, len, run);
             let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
-            if let Err((moved, err)) = uffd.move_pages_reporting(sh, start, len, false, true) {
-                self.move_over_strays(st, start + moved, sh + moved, len - moved, err);
+            match uffd.move_pages_reporting(sh, start, len, false, true) {
+                Ok(()) => journal::record(Op::ToShadow, sh, start, len),
+                Err((moved, err)) => {
+                    journal::record(Op::ToShadow, sh, start, moved);
+                    self.move_over_strays(st, start + moved, sh + moved, len - moved, err);
+                }
             }
         }
         // Read through the runtime's own view where there is one: the program's view of an
@@ -194,6 +199,7 @@ impl Inner {
         if let Err(err) = r {
             crate::fatal(format_args!("pagewise dlm: dropping {start:#x}+{len:#x} failed: {err}"));
         }
+        journal::record(Op::Evict, kept.unwrap_or(0), start, len);
         let a = st.areas[ai].as_mut().expect("live");
         a.slot[first..first + count].iter_mut().for_each(|s| *s = NONE);
         st.resident -= len;
@@ -246,11 +252,15 @@ impl Inner {
                 matches!(*p, Pending::Read { into: ReplyInto::Runtime(at), count, .. }
                     if at < shadow + len && shadow < at + count * b)
             });
+        let ranges = [(view, len), (shadow, len)];
         if err.errno() != Some(libc::EEXIST) || receiving || st.move_ins.gathering {
-            crate::fatal(format_args!(
-                "pagewise dlm: moving {view:#x}+{len:#x} to the shadow failed: {err}{}",
-                if receiving { " (a reply is being received there)" } else { "" }
-            ));
+            journal::fatal(
+                &ranges,
+                format_args!(
+                    "pagewise dlm: moving {view:#x}+{len:#x} to the shadow failed: {err}{}",
+                    if receiving { " (a reply is being received there)" } else { "" }
+                ),
+            );
         }
         let strays = present_count(shadow, len);
         free_frames(shadow, len);
@@ -259,10 +269,16 @@ impl Inner {
             "pagewise dlm: {strays} page(s) no unit owns were in the shadow at {shadow:#x}+{len:#x}, where \
              {view:#x}+{len:#x} is moved: freed (please report this)"
         ));
+        journal::report(&ranges);
+        journal::record(Op::Strays, shadow, view, len);
         let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
         if let Err(err) = uffd.move_pages(shadow, view, len, false, true) {
-            crate::fatal(format_args!("pagewise dlm: moving {view:#x}+{len:#x} to the shadow failed: {err}"));
+            journal::fatal(
+                &ranges,
+                format_args!("pagewise dlm: moving {view:#x}+{len:#x} to the shadow failed: {err}"),
+            );
         }
+        journal::record(Op::ToShadow, shadow, view, len);
     }
 
     /// Whether an evicted unit of `len` bytes leaves its frames in the shadow for a later reply
@@ -287,7 +303,11 @@ impl Inner {
     /// caller frees them.
     #[must_use]
     pub(super) fn keep_frames(&self, st: &mut State, addr: usize, len: usize) -> bool {
-        st.resident + st.frames.bytes() + len <= self.cfg.local_mem && st.frames.push(addr, len)
+        let kept = st.resident + st.frames.bytes() + len <= self.cfg.local_mem && st.frames.push(addr, len);
+        if kept {
+            journal::record(Op::Keep, addr, 0, len);
+        }
+        kept
     }
 
     /// Arm unit `e` of area `a` (module doc, "Reference bits"): unmap it from the program's
@@ -317,6 +337,7 @@ impl Inner {
                 free_frames(addr, n);
             }
             run.move_to_shadow_later(start, sh, len);
+            journal::record(Op::Arm, sh, start, len);
             return true;
         }
         arm_mapped(a, start, len, run)
@@ -391,6 +412,7 @@ impl super::Dlm {
 
 /// Free kept frames (MADV_DONTNEED on the shadow).
 pub(super) fn free_frames(addr: usize, len: usize) {
+    journal::record(Op::Free, addr, 0, len);
     if let Err(err) = madvise(addr, len, Advice::DontNeed) {
         crate::fatal(format_args!("pagewise dlm: freeing frames {addr:#x}+{len:#x} failed: {err}"));
     }
@@ -504,6 +526,7 @@ impl<'u> Run<'u> {
         if len == 0 {
             return;
         }
+        journal::record(Op::Drop, start, 0, len);
         if let Err(err) = madvise(start, len, Advice::DontNeed) {
             crate::fatal(format_args!("pagewise dlm: dropping {start:#x}+{len:#x} failed: {err}"));
         }
@@ -515,11 +538,18 @@ impl<'u> Run<'u> {
             return;
         }
         let uffd = self.uffd.expect("shadow areas have a uffd");
-        if let Err((moved, err)) = uffd.move_pages_reporting(shadow, view, len, false, true) {
-            if self.refused.is_some() {
-                crate::fatal(format_args!("pagewise dlm: moving {view:#x}+{len:#x} to the shadow failed: {err}"));
+        match uffd.move_pages_reporting(shadow, view, len, false, true) {
+            Ok(()) => journal::record(Op::ToShadow, shadow, view, len),
+            Err((moved, err)) => {
+                journal::record(Op::ToShadow, shadow, view, moved);
+                if self.refused.is_some() {
+                    journal::fatal(
+                        &[(view, len), (shadow, len)],
+                        format_args!("pagewise dlm: moving {view:#x}+{len:#x} to the shadow failed: {err}"),
+                    );
+                }
+                self.refused = Some((view + moved, shadow + moved, len - moved, err));
             }
-            self.refused = Some((view + moved, shadow + moved, len - moved, err));
         }
     }
 }

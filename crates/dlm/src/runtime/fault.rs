@@ -288,6 +288,7 @@ impl Inner {
     fn map_again(&self, st: &mut State, ai: usize, first: usize, start: usize, len: usize, open: bool) {
         let shadow = st.areas[ai].as_ref().expect("present").shadow.as_ref().map(|m| m.addr());
         if let Some(sh) = shadow {
+            super::journal::record(super::journal::Op::MapAgain, start, sh + first * self.cfg.base_page, len);
             if let Some(h) = self.move_in(st, ai, start, sh + first * self.cfg.base_page, len, open) {
                 let slot = st.areas[ai].as_ref().expect("present").slot[first] as usize;
                 st.clock.get_mut(slot).expect("live").clean_hash = Some(h);

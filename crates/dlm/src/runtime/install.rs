@@ -6,6 +6,7 @@
 use pagewise_kernel::mem::{madvise, mprotect, Advice, Protection};
 
 use super::evict::{content_hash, free_frames};
+use super::journal::{self, Op};
 use super::remote::{Pending, ReplyInto};
 use super::{Entry, Inner, State, HASH_MAX, INFLIGHT, MOVE_MIN, NONE, VIEW_MIN};
 use crate::config::FaultMode;
@@ -45,6 +46,7 @@ impl Inner {
     pub(super) fn receive_target(&self, st: &mut State, place: usize, len: usize) -> Option<ReceiveAt> {
         let place_free = !overlaps(&st.borrowed, place, len);
         if place_free && st.frames.take_in_place(place, len) {
+            journal::record(Op::TakeInPlace, place, 0, len);
             return Some(ReceiveAt::Ready(place));
         }
         if st.borrowed.len() < st.borrowed.capacity() {
@@ -53,6 +55,7 @@ impl Inner {
             if let Some(addr) = st.frames.take_head(len) {
                 st.borrowed.push((addr, len));
                 st.stats.borrowed_receives += 1;
+                journal::record(Op::Borrow, addr, 0, len);
                 return Some(ReceiveAt::Ready(addr));
             }
         }
@@ -70,12 +73,17 @@ impl Inner {
         let mut off = 0;
         while off < len {
             let Some((src, n)) = st.frames.pop(len - off) else { break };
+            journal::record(Op::Gather, dst + off, src, n);
             if let Err(err) = uffd.move_pages(dst + off, src, n, false, true) {
-                crate::fatal(format_args!("pagewise dlm: reusing frames {src:#x}+{n:#x} failed: {err}"));
+                journal::fatal(
+                    &[(dst, len), (src, n)],
+                    format_args!("pagewise dlm: reusing frames {src:#x}+{n:#x} failed: {err}"),
+                );
             }
             off += n;
         }
         if off < len {
+            journal::record(Op::Populate, dst + off, 0, len - off);
             if let Err(err) = madvise(dst + off, len - off, Advice::PopulateWrite) {
                 crate::fatal(format_args!("pagewise dlm: allocating {:#x}+{:#x} failed: {err}", dst + off, len - off));
             }
@@ -126,10 +134,14 @@ impl Inner {
         match how {
             CleanMove::Copied => {
                 let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
+                journal::record(Op::CopyIn, dst, src, len);
                 // SAFETY: the shadow range is populated (received into, or an armed unit's
                 // pages) and readable.
                 if let Err(err) = unsafe { uffd.copy(dst, src as *const u8, len, true, true) } {
-                    crate::fatal(format_args!("pagewise dlm: installing {dst:#x}+{len:#x} failed: {err}"));
+                    journal::fatal(
+                        &[(dst, len), (src, len)],
+                        format_args!("pagewise dlm: installing {dst:#x}+{len:#x} failed: {err}"),
+                    );
                 }
                 if !self.keep_frames(st, src, len) {
                     free_frames(src, len);
@@ -173,6 +185,7 @@ impl Inner {
     pub(super) fn move_in_now(&self, dst: usize, src: usize, len: usize, writable: bool) {
         let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
         let waiters = self.mode != FaultMode::Sigbus;
+        journal::record(Op::MoveIn, dst, src, len);
         let r = if writable {
             uffd.move_pages(dst, src, len, waiters, false)
         } else {
@@ -182,12 +195,15 @@ impl Inner {
                 .and_then(|()| if waiters { uffd.wake(dst, len) } else { Ok(()) })
         };
         if let Err(err) = r {
-            crate::fatal(format_args!(
-                "pagewise dlm: installing {dst:#x}+{len:#x} failed: {err} (pages present: {} in the program's view, \
-                 {} in the shadow at {src:#x})",
-                present_pages(dst, len),
-                present_pages(src, len)
-            ));
+            journal::fatal(
+                &[(dst, len), (src, len)],
+                format_args!(
+                    "pagewise dlm: installing {dst:#x}+{len:#x} failed: {err} (pages present: {} in the program's \
+                     view, {} in the shadow at {src:#x})",
+                    present_pages(dst, len),
+                    present_pages(src, len)
+                ),
+            );
         }
     }
 
@@ -416,11 +432,16 @@ impl Inner {
         st.stats.view_receives += 1;
         let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
         let move_in = |dst: usize, src: usize, n: usize| {
+            journal::record(Op::MoveIn, dst, src, n);
             if let Err(err) = uffd.move_pages(dst, src, n, false, false) {
-                crate::fatal(format_args!("pagewise dlm: moving frames {src:#x}+{n:#x} to {dst:#x} failed: {err}"));
+                journal::fatal(
+                    &[(dst, n), (src, n)],
+                    format_args!("pagewise dlm: moving frames {src:#x}+{n:#x} to {dst:#x} failed: {err}"),
+                );
             }
         };
         if !overlaps(&st.borrowed, place, len) && st.frames.take_in_place(place, len) {
+            journal::record(Op::TakeInPlace, place, 0, len);
             move_in(view, place, len);
             return;
         }
@@ -431,6 +452,7 @@ impl Inner {
             off += n;
         }
         if off < len {
+            journal::record(Op::CopyIn, view + off, 0, len - off);
             // SAFETY: `zeros` is a block long, at least as long as any unit.
             if let Err(err) = unsafe { uffd.copy(view + off, st.zeros.as_ptr(), len - off, false, false) } {
                 crate::fatal(format_args!("pagewise dlm: allocating {:#x}+{:#x} failed: {err}", view + off, len - off));
@@ -506,6 +528,7 @@ impl Inner {
                 // The data is already in the memfd's page cache: map it.
                 (Some(u), _) if matches!(data, Fill::InPlace(_)) => u.continue_wp(dst, n * b, !dirty, true),
                 (Some(u), _) => {
+                    journal::record(Op::CopyIn, dst, 0, n * b);
                     // SAFETY: src points at n*b readable bytes (the reply buffer or zeros,
                     // both at least one block long).
                     unsafe { u.copy(dst, src, n * b, !dirty && !hashed, true) }.map(|_| ())
@@ -519,7 +542,10 @@ impl Inner {
                 (None, None) => unreachable!("an area has a uffd or a staging view"),
             };
             if let Err(e) = r {
-                crate::fatal(format_args!("pagewise dlm: installing {dst:#x}+{:#x} failed: {e}", n * b));
+                journal::fatal(
+                    &[(dst, n * b)],
+                    format_args!("pagewise dlm: installing {dst:#x}+{:#x} failed: {e}", n * b),
+                );
             }
             let clean_hash = moved_hash.or_else(|| {
                 hashed.then(|| {

@@ -230,6 +230,7 @@ impl Inner {
             }
             st.stats.fetched_units += (count / unit) as u64;
             st.stats.fetched_bytes += (count * b) as u64;
+            super::journal::record(super::journal::Op::Receive, at, start, count * b);
             // Installing moves the pages away from `at`: its place is free again.
             st.borrowed.retain(|&(a, _)| a != at);
             self.install(st, ai, first, count, unit, fill, open);

@@ -214,14 +214,20 @@ pub fn in_child() -> bool {
 /// again in a child process (`run_child`) with the server's address in `DLM_TEST_SERVER`; the
 /// child runs `scenario` and says SCENARIO-OK when it returns.
 pub fn with_server(name: &str, scenario: impl FnOnce()) {
+    with_server_stderr(name, scenario);
+}
+
+/// As [`with_server`]; returns what the child printed to stderr (None in the child).
+pub fn with_server_stderr(name: &str, scenario: impl FnOnce()) -> Option<String> {
     if in_child() {
         scenario();
         println!("SCENARIO-OK");
-        return;
+        return None;
     }
     let server = ServerProc::start("64M");
     let out = run_child(name, &[("DLM_TEST_SERVER", server.addr.clone())]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && stdout.contains("SCENARIO-OK"), "child failed:\n{stdout}\n{stderr}");
+    Some(stderr.into_owned())
 }
