@@ -123,6 +123,7 @@ use pagewise_kernel::uffd::Uffd;
 pub use pagewise_kernel::colocate::PROGRAM_CPUS_ENV;
 
 mod area;
+mod audit;
 mod evict;
 mod fault;
 mod frames;
@@ -482,36 +483,12 @@ impl Dlm {
     /// and the limit holds. For tests; returns what is wrong.
     pub fn audit(&self) -> Result<(), String> {
         let st = self.inner.lock();
-        let b = self.inner.cfg.base_page;
-        let mut pages = 0usize;
-        let mut entries = std::collections::HashSet::new();
-        for (ai, a) in st.areas.iter().enumerate() {
-            let Some(a) = a else { continue };
-            for (p, &s) in a.slot.iter().enumerate() {
-                if s == NONE || !is_live(s) {
-                    continue;
-                }
-                pages += 1;
-                if s == INFLIGHT {
-                    continue;
-                }
-                let e = st.clock.get(s as usize).ok_or(format!("page {p} of area {ai} names dead slot {s}"))?;
-                if e.area as usize != ai || p < e.first as usize || p >= (e.first + e.count) as usize {
-                    return Err(format!("page {p} of area {ai}: slot {s} covers {:?}", e));
-                }
-                entries.insert(s);
-            }
-        }
-        if pages * b != st.resident {
-            return Err(format!("resident {} bytes, pages say {}", st.resident, pages * b));
-        }
-        if entries.len() != st.clock.len() {
-            return Err(format!("{} live CLOCK entries, pages reference {}", st.clock.len(), entries.len()));
-        }
+        self.inner.audit_slots(&st)?;
         if st.resident > self.inner.cfg.local_mem {
             return Err(format!("resident {} over the limit {}", st.resident, self.inner.cfg.local_mem));
         }
-        self.inner.audit_shadows(&st)
+        self.inner.audit_shadows(&st)?;
+        self.inner.audit_views(&st)
     }
 
     /// Ask one memory server for its statistics (a STATS request).

@@ -344,45 +344,6 @@ impl Inner {
     }
 }
 
-impl Inner {
-    /// Part of `Dlm::audit`: every page present in a shadow is accounted for — kept frames, a
-    /// reply being received (borrowed frames, or a unit's own place), or an armed unit's
-    /// data. A page that is none of these is one a later move to its place would be refused
-    /// for (`Inner::move_over_strays`).
-    pub(super) fn audit_shadows(&self, st: &State) -> Result<(), String> {
-        let b = self.cfg.base_page;
-        let mut held: Vec<(usize, usize)> = st.frames.runs().to_vec();
-        held.extend_from_slice(&st.borrowed);
-        for p in st.conns.iter().flat_map(|c| &c.pending) {
-            if let Pending::Read { into: ReplyInto::Runtime(at), count, .. } = *p {
-                held.push((at, count * b));
-            }
-        }
-        for e in st.clock.iter().filter(|e| e.armed) {
-            if let Some(sh) = st.areas[e.area as usize].as_ref().and_then(|a| a.shadow.as_ref()) {
-                held.push((sh.addr() + e.first as usize * b, e.count as usize * b));
-            }
-        }
-        let page = pagewise_kernel::mem::page_size();
-        for (ai, a) in st.areas.iter().enumerate() {
-            let Some(sh) = a.as_ref().and_then(|a| a.shadow.as_ref()) else { continue };
-            let len = a.as_ref().expect("some").len;
-            let mut present = vec![0u8; len.div_ceil(page)];
-            pagewise_kernel::mem::mincore(sh.addr(), len, &mut present).map_err(|e| e.to_string())?;
-            for (i, _) in present.iter().enumerate().filter(|(_, &p)| p & 1 != 0) {
-                let at = sh.addr() + i * page;
-                if !overlaps(&held, at, page) {
-                    return Err(format!(
-                        "area {ai}: a page is in the shadow at {at:#x} (page {}) that no unit owns",
-                        i * page / b
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
 impl super::Dlm {
     /// For tests of `Inner::move_over_strays`: put a page that no unit owns in the shadow, at
     /// the place of the page holding `addr`, as a slip of the bookkeeping would. False (and
@@ -420,7 +381,7 @@ pub(super) fn free_frames(addr: usize, len: usize) {
 
 /// How many base pages of `[addr, addr + len)` are present (mincore(2)), counted without
 /// allocating (this may run in a signal handler); 0 where it cannot be told.
-fn present_count(addr: usize, len: usize) -> usize {
+pub(super) fn present_count(addr: usize, len: usize) -> usize {
     let page = pagewise_kernel::mem::page_size();
     let mut v = [0u8; 256];
     let mut count = 0;
