@@ -321,8 +321,13 @@ pub unsafe extern "C" fn hps_preload_state(buf: *mut c_char, n: usize) -> c_int 
             Some(t) => format!("the whole pace share since the program began serving at {:.2} s", t as f64 / 1e9),
             None => "the pace ramped with the program's age".to_string(),
         };
+        // A move refused by the kernel leaves its region private (untracked, never promoted).
+        let failed = match st.move_in_failures {
+            0 => String::new(),
+            n => format!(", {n} move(s) failed and left private"),
+        };
         let line = format!(
-            "hps: {} arena(s) began as the program's private memory, {} region(s) moved into tracked memory ({} page(s) copied, {:.1} ms); {} region(s) advised ahead of a dense fill, {} declined (hugepages dear); the pace put off {} promotion(s) and {} tracking period(s); {pace}; {at_exit}; converged {} time(s), restarted {} time(s), {} probe(s) while converged",
+            "hps: {} arena(s) began as the program's private memory, {} region(s) moved into tracked memory ({} page(s) copied, {:.1} ms{failed}); {} region(s) advised ahead of a dense fill, {} declined (hugepages dear); the pace put off {} promotion(s) and {} tracking period(s); {pace}; {at_exit}; converged {} time(s), restarted {} time(s), {} probe(s) while converged",
             st.young_arenas, st.moved_in_regions, st.moved_in_pages, st.move_in_ns as f64 / 1e6,
             st.first_touch_regions, st.first_touch_declined, st.paced_promotions, st.paced_periods, st.converge_stops, st.converge_restarts, st.probes
         );

@@ -39,7 +39,17 @@ impl Shared {
     pub(super) fn forget_young(&self, id: usize) {
         self.young.lock().expect("young lock").retain(|&(a, _)| a != id);
     }
+
+    /// The arena `id` stays young for good: nothing more of it is moved in.
+    fn settle_young(&self, id: usize) {
+        for entry in self.young.lock().expect("young lock").iter_mut().filter(|e| e.0 == id) {
+            entry.1 = SETTLED;
+        }
+    }
 }
+
+/// Birth time of a young arena nothing more is moved in from (a move of it failed).
+const SETTLED: u64 = u64::MAX;
 
 /// Move in what is due: the whole young regions of arenas at least the configured age, one at
 /// a time while the promotion pace allows, each charged the CPU time it took. An arena with
@@ -50,7 +60,7 @@ pub(super) fn move_in_due(s: &Shared) {
     let due: Vec<usize> = {
         let now = s.epoch.elapsed().as_nanos() as u64;
         let young = s.young.lock().expect("young lock");
-        young.iter().filter(|&&(_, born)| late::due(born, now, after)).map(|&(v, _)| v).collect()
+        young.iter().filter(|&&(_, born)| born != SETTLED && late::due(born, now, after)).map(|&(v, _)| v).collect()
     };
     for id in due {
         loop {
@@ -86,10 +96,16 @@ pub(super) fn move_in_due(s: &Shared) {
                     s.moved_regions.fetch_add(1, Ordering::Relaxed);
                     s.moved_pages.fetch_add(m.pages as u64, Ordering::Relaxed);
                 }
-                // The region stays the program's private memory; the rest of the arena need
-                // not (a later look tries again).
+                // The kernel refused (the region is as it was: the program's private memory).
+                // What moved in is tracked; the rest stays private, not tried again each period.
                 Err(_) => {
                     s.move_in_failures.fetch_add(1, Ordering::Relaxed);
+                    let arenas = s.arenas.lock().expect("arenas lock");
+                    match arenas.iter().find(|a| a.id() == id) {
+                        Some(arena) if track_moved_in(s, arena) => s.forget_young(id),
+                        Some(_) => s.settle_young(id),
+                        None => {}
+                    }
                     break;
                 }
             }
