@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::with_server_stderr;
+use common::{in_child, run_child, with_server_stderr, ServerProc};
 use pagewise_dlm::{Config, Dlm, FaultMode};
 
 const LOCAL_UNITS: usize = 8;
@@ -98,4 +98,47 @@ fn a_stray_page_at_an_armed_units_place_is_freed_and_the_data_kept() {
 fn a_stray_page_at_an_evicted_units_place_is_freed_and_the_data_kept() {
     let name = "a_stray_page_at_an_evicted_units_place_is_freed_and_the_data_kept";
     assert_reported_with_history(with_server_stderr(name, || scenario(128 << 10)));
+}
+
+/// A unit's pages found in the shadow while its entry has them in the program's view (seen
+/// under `pagewise run`, cause unknown) are not freed as strays when the unit is moved there:
+/// they may be its data. The program stops, saying so, rather than lose them (a dirty unit's
+/// write-back would carry zeros home).
+#[test]
+fn pages_found_in_the_shadow_instead_of_the_view_stop_the_program_rather_than_be_freed() {
+    let name = "pages_found_in_the_shadow_instead_of_the_view_stop_the_program_rather_than_be_freed";
+    if in_child() {
+        let unit = 16 << 10;
+        let cfg = Config {
+            servers: vec![std::env::var("DLM_TEST_SERVER").unwrap()],
+            local_mem: LOCAL_UNITS * unit,
+            base_page: unit,
+            max_set: 1,
+            set_count: 1,
+            fault_mode: FaultMode::HandlerThread,
+            readahead: 0,
+            colocate: false,
+            ..Config::default()
+        };
+        let dlm = Dlm::init(cfg).expect("init");
+        let base = dlm.alloc(UNITS * unit).expect("alloc") as usize;
+        let write = |u: usize| {
+            // SAFETY: inside the area; the runtime serves the fault.
+            unsafe { ((base + u * unit) as *mut u64).write_volatile(u as u64 + 1) };
+        };
+        (0..LOCAL_UNITS / 2).for_each(write);
+        let displaced = (0..LOCAL_UNITS / 2).filter(|&u| dlm.displace_unit_to_shadow(base + u * unit)).count();
+        assert!(displaced > 0, "no unit could be displaced");
+        // The hand arms (or evicts) the displaced units on its way round: their move to the
+        // shadow meets their own pages there.
+        (LOCAL_UNITS / 2..UNITS).for_each(write);
+        println!("SCENARIO-OK");
+        return;
+    }
+    let server = ServerProc::start("64M");
+    let out = run_child(name, &[("DLM_TEST_SERVER", server.addr.clone())]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the program ran on:\n{stderr}");
+    assert!(stderr.contains("are not in the program's view: the shadow may hold them"), "{stderr}");
+    assert!(!stderr.contains("no unit owns were in the shadow"), "freed as strays:\n{stderr}");
 }

@@ -234,10 +234,11 @@ impl Inner {
     /// Move the pages of `[view, view + len)` to `[shadow, shadow + len)`, places in the shadow
     /// the bookkeeping holds empty, after UFFDIO_MOVE refused with `err` because pages are
     /// there (EEXIST). Pages there that nothing of the runtime's accounts for — no reply is
-    /// being received there, no move-in is gathered from there — are nobody's data: every
-    /// unit's data is in the program's view, in the shadow at its place (armed, accounted for
-    /// by its CLOCK entry, never moved over), on its way, or at home. They are freed, with a
-    /// note, and the move made. Anything else stops the program, as any failed move does.
+    /// being received there, no move-in is gathered from there — are nobody's data while the
+    /// pages to be moved are all in the view: every unit's data is in the program's view, in
+    /// the shadow at its place (armed, accounted for by its CLOCK entry, never moved over), on
+    /// its way, or at home. They are freed, with a note and the journal of those pages, and
+    /// the move made. Anything else stops the program, as any failed move does.
     pub(super) fn move_over_strays(
         &self,
         st: &mut State,
@@ -259,6 +260,23 @@ impl Inner {
                 format_args!(
                     "pagewise dlm: moving {view:#x}+{len:#x} to the shadow failed: {err}{}",
                     if receiving { " (a reply is being received there)" } else { "" }
+                ),
+            );
+        }
+        // The pages to be moved must all be in the view. Where some are not, what is in the
+        // shadow may be those very pages, found away from where the bookkeeping has them
+        // (seen under `pagewise run`: the journal shows no move that put them there): freeing
+        // them would lose the unit's data, and a dirty unit's write-back would then carry
+        // zeros home. Stop instead.
+        let in_view = present_count(view, len) * pagewise_kernel::mem::page_size();
+        if in_view < len {
+            journal::fatal(
+                &ranges,
+                format_args!(
+                    "pagewise dlm: moving {view:#x}+{len:#x} to the shadow failed: {err}, and {} of its {} byte(s) \
+                     are not in the program's view: the shadow may hold them (please report this)",
+                    len - in_view,
+                    len
                 ),
             );
         }
@@ -368,6 +386,26 @@ impl super::Dlm {
             return false;
         }
         madvise(place, b, Advice::PopulateWrite).is_ok()
+    }
+}
+
+impl super::Dlm {
+    /// For tests of `Inner::move_over_strays`: move the pages of the resident, unarmed unit
+    /// holding `addr` to its place in the shadow behind the bookkeeping's back, as seen under
+    /// `pagewise run` (the unit's data away from where its entry has it). False (and nothing
+    /// done) unless there is such a unit with an empty place.
+    #[doc(hidden)]
+    pub fn displace_unit_to_shadow(&self, addr: usize) -> bool {
+        let st = self.inner.lock();
+        let b = self.inner.cfg.base_page;
+        let Some(a) = st.areas.iter().flatten().find(|a| addr >= a.addr && addr < a.addr + a.view_len) else {
+            return false;
+        };
+        let (Some(sh), Some(uffd)) = (a.shadow.as_ref(), self.inner.uffd.as_ref()) else { return false };
+        let Some(e) = st.clock.get(a.slot[(addr - a.addr) / b] as usize).filter(|e| !e.armed) else { return false };
+        let (view, place, len) =
+            (a.addr + e.first as usize * b, sh.addr() + e.first as usize * b, e.count as usize * b);
+        present_count(place, len) == 0 && uffd.move_pages(place, view, len, false, false).is_ok()
     }
 }
 
