@@ -19,8 +19,10 @@ fn word(unit: usize, pass: u64, i: usize) -> u64 {
     (unit as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ pass.wrapping_mul(0xC2B2_AE3D_27D4_EB4F) ^ i as u64
 }
 
-fn scenario(unit: usize) {
-    let cfg = Config {
+/// Units of `unit` bytes (base pages of 16 KiB, or the unit when smaller), `LOCAL_UNITS` of
+/// them local, the handler thread, no read-ahead.
+fn config(unit: usize) -> Config {
+    Config {
         servers: vec![std::env::var("DLM_TEST_SERVER").unwrap()],
         local_mem: LOCAL_UNITS * unit,
         base_page: unit.min(16 << 10),
@@ -30,8 +32,11 @@ fn scenario(unit: usize) {
         readahead: 0,
         colocate: false,
         ..Config::default()
-    };
-    let dlm = Dlm::init(cfg).expect("init");
+    }
+}
+
+fn scenario(unit: usize) {
+    let dlm = Dlm::init(config(unit)).expect("init");
     let base = dlm.alloc(UNITS * unit).expect("alloc") as usize;
     let words = unit / 8;
     let write = |u: usize, pass: u64| {
@@ -109,18 +114,7 @@ fn pages_found_in_the_shadow_instead_of_the_view_stop_the_program_rather_than_be
     let name = "pages_found_in_the_shadow_instead_of_the_view_stop_the_program_rather_than_be_freed";
     if in_child() {
         let unit = 16 << 10;
-        let cfg = Config {
-            servers: vec![std::env::var("DLM_TEST_SERVER").unwrap()],
-            local_mem: LOCAL_UNITS * unit,
-            base_page: unit,
-            max_set: 1,
-            set_count: 1,
-            fault_mode: FaultMode::HandlerThread,
-            readahead: 0,
-            colocate: false,
-            ..Config::default()
-        };
-        let dlm = Dlm::init(cfg).expect("init");
+        let dlm = Dlm::init(config(unit)).expect("init");
         let base = dlm.alloc(UNITS * unit).expect("alloc") as usize;
         let write = |u: usize| {
             // SAFETY: inside the area; the runtime serves the fault.
