@@ -538,20 +538,32 @@ mod tests {
     /// SIGBUS delivery is one per process: tests using it take turns.
     static SIGBUS_TURN: Mutex<()> = Mutex::new(());
 
-    /// Memory populated (smaps `Rss`: the shared zero page a read maps is not counted) in the
-    /// mappings that hold `tables`, in bytes.
+    /// Memory populated in `tables` (address ranges), in bytes: their pages present in
+    /// /proc/self/pagemap, the shared zero page a read maps not counted. Page by page, so
+    /// memory of other tests that the kernel merged into the same mappings is not counted
+    /// either (smaps' `Rss` is per mapping: it once counted 2 MiB of a neighbour's).
     fn populated(tables: &[(usize, usize)]) -> u64 {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        use std::os::unix::fs::FileExt;
+        let page = mem::page_size();
+        let pagemap = std::fs::File::open("/proc/self/pagemap").unwrap();
+        let pfn_of = |addr: usize| {
+            let mut e = [0u8; 8];
+            pagemap.read_exact_at(&mut e, (addr / page * 8) as u64).unwrap();
+            let e = u64::from_le_bytes(e);
+            (e >> 63 == 1).then_some(e & ((1 << 55) - 1))
+        };
+        // The zero page's frame, as a read of a fresh page maps it.
+        let probe = mem::Mapping::anonymous(page, &mem::MapOptions::default()).unwrap();
+        // SAFETY: the probe is ours and readable.
+        let _ = unsafe { std::ptr::read_volatile(probe.addr() as *const u8) };
+        // Frame numbers read as 0 without CAP_SYS_ADMIN: then every present page counts.
+        let zero = pfn_of(probe.addr()).filter(|&pfn| pfn != 0);
         let mut total = 0;
-        let mut ours = false;
-        for line in smaps.lines() {
-            let range = line.split(' ').next().and_then(|r| r.split_once('-'));
-            if let Some((a, b)) =
-                range.and_then(|(a, b)| Some((usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?)))
-            {
-                ours = tables.iter().any(|&(start, end)| start < b && a < end);
-            } else if let (true, Some(kb)) = (ours, line.strip_prefix("Rss:")) {
-                total += kb.trim().trim_end_matches(" kB").trim().parse::<u64>().unwrap() * 1024;
+        for &(start, end) in tables {
+            for addr in (start / page * page..end).step_by(page) {
+                if pfn_of(addr).is_some_and(|pfn| Some(pfn) != zero) {
+                    total += page as u64;
+                }
             }
         }
         total
