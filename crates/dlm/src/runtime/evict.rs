@@ -371,15 +371,8 @@ impl super::Dlm {
     pub fn plant_stray_shadow_page(&self, addr: usize) -> bool {
         let st = self.inner.lock();
         let b = self.inner.cfg.base_page;
-        let Some(a) = st.areas.iter().flatten().find(|a| addr >= a.addr && addr < a.addr + a.view_len) else {
-            return false;
-        };
-        let page = (addr - a.addr) / b;
-        let Some(sh) = a.shadow.as_ref() else { return false };
-        let place = sh.addr() + page * b;
-        if !super::is_resident(a.slot[page]) || st.clock.get(a.slot[page] as usize).is_none_or(|e| e.armed) {
-            return false;
-        }
+        let Some((a, _, sh)) = self.inner.unarmed_unit_at(&st, addr) else { return false };
+        let place = sh + (addr - a.addr) / b * b;
         let mut held: Vec<(usize, usize)> = st.frames.runs().to_vec();
         held.extend_from_slice(&st.borrowed);
         if overlaps(&held, place, b) || present_count(place, b) > 0 {
@@ -387,9 +380,7 @@ impl super::Dlm {
         }
         madvise(place, b, Advice::PopulateWrite).is_ok()
     }
-}
 
-impl super::Dlm {
     /// For tests of `Inner::move_over_strays`: move the pages of the resident, unarmed unit
     /// holding `addr` to its place in the shadow behind the bookkeeping's back, as seen under
     /// `pagewise run` (the unit's data away from where its entry has it). False (and nothing
@@ -398,14 +389,23 @@ impl super::Dlm {
     pub fn displace_unit_to_shadow(&self, addr: usize) -> bool {
         let st = self.inner.lock();
         let b = self.inner.cfg.base_page;
-        let Some(a) = st.areas.iter().flatten().find(|a| addr >= a.addr && addr < a.addr + a.view_len) else {
+        let (Some((a, e, sh)), Some(uffd)) = (self.inner.unarmed_unit_at(&st, addr), self.inner.uffd.as_ref()) else {
             return false;
         };
-        let (Some(sh), Some(uffd)) = (a.shadow.as_ref(), self.inner.uffd.as_ref()) else { return false };
-        let Some(e) = st.clock.get(a.slot[(addr - a.addr) / b] as usize).filter(|e| !e.armed) else { return false };
-        let (view, place, len) =
-            (a.addr + e.first as usize * b, sh.addr() + e.first as usize * b, e.count as usize * b);
+        let (view, place, len) = (a.addr + e.first as usize * b, sh + e.first as usize * b, e.count as usize * b);
         present_count(place, len) == 0 && uffd.move_pages(place, view, len, false, false).is_ok()
+    }
+}
+
+impl Inner {
+    /// For the test hooks above: the area, entry and shadow address of the resident, unarmed
+    /// unit holding `addr`, in an area with a shadow.
+    fn unarmed_unit_at<'s>(&self, st: &'s State, addr: usize) -> Option<(&'s Area, Entry, usize)> {
+        let a = st.areas.iter().flatten().find(|a| addr >= a.addr && addr < a.addr + a.view_len)?;
+        let sh = a.shadow.as_ref()?.addr();
+        let slot = a.slot[(addr - a.addr) / self.cfg.base_page];
+        let e = *st.clock.get(slot as usize).filter(|e| super::is_resident(slot) && !e.armed)?;
+        Some((a, e, sh))
     }
 }
 
