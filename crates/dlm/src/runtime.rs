@@ -275,6 +275,9 @@ pub struct Stats {
     /// Bytes of pages found where a unit's pages were to be moved in the shadow, owned by no
     /// unit, and freed (`Inner::move_over_strays`): 0 unless the bookkeeping slipped.
     pub stray_shadow_bytes: u64,
+    /// Moves the kernel refused after making them, counted as made (`Uffd::move_pages`), in
+    /// this process.
+    pub moves_refused_yet_made: u64,
     pub areas: usize,
 }
 
@@ -456,6 +459,7 @@ impl Dlm {
         let mut s = st.stats.clone();
         s.resident_bytes = st.resident;
         s.set_count = st.set_count;
+        s.moves_refused_yet_made = pagewise_kernel::uffd::moves_refused_yet_made();
         s
     }
 

@@ -320,6 +320,34 @@ fn check(rc: libc::c_int, call: &'static str) -> Result<()> {
     Ok(())
 }
 
+/// Moves the kernel refused with EEXIST after making them (`Uffd::move_pages`), in this process.
+static MOVES_REFUSED_YET_MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many UFFDIO_MOVE calls in this process the kernel refused (EEXIST) after moving their
+/// pages, which [`Uffd::move_pages`] then counted as moved.
+pub fn moves_refused_yet_made() -> u64 {
+    MOVES_REFUSED_YET_MADE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Bytes at the start of a refused move `[src, src + len)` → `[dst, dst + len)` whose pages are
+/// at the destination and gone from the source (one mincore(2) of each range): moved. 0 where
+/// either range is not wholly mapped (mincore's ENOMEM): the refusal stands.
+fn moved_though_refused(dst: usize, src: usize, len: usize) -> usize {
+    let page = crate::mem::page_size();
+    let mut at_dst = vec![0u8; len.div_ceil(page)];
+    let mut at_src = vec![0u8; len.div_ceil(page)];
+    if crate::mem::mincore(dst, len, &mut at_dst).is_err() || crate::mem::mincore(src, len, &mut at_src).is_err() {
+        return 0;
+    }
+    moved_pages(&at_src, &at_dst) * page
+}
+
+/// Pages at the start of a range that are present at the destination and absent at the
+/// source, given mincore(2)'s vectors of both.
+fn moved_pages(at_src: &[u8], at_dst: &[u8]) -> usize {
+    at_src.iter().zip(at_dst).take_while(|&(s, d)| s & 1 == 0 && d & 1 != 0).count()
+}
+
 impl Uffd {
     /// The features granted by the handshake.
     pub fn features(&self) -> u64 {
@@ -389,6 +417,13 @@ impl Uffd {
     /// (mm/userfaultfd.c builds the new entry with pte_mkwrite): write-protect them after, if
     /// needed. `allow_src_holes`: pages missing in the source leave holes (else ENOENT).
     /// EAGAIN (a page briefly locked) is retried for the rest of the range.
+    ///
+    /// Pages found at the destination and gone from the source after the kernel refused with
+    /// EEXIST count as moved (`moved_though_refused`): Linux 6.18 has been seen to move pages
+    /// and then refuse them — the same page frames at the destination (/proc/self/pagemap),
+    /// EEXIST, nothing counted moved — rarely, under load (about once in a 7-Zip run paging
+    /// through DLM beside two more; docs/dlm.md). A caller moving with holes allowed clears
+    /// the destination first, or a hole over a page already there counts as moved too.
     pub fn move_pages(&self, dst: usize, src: usize, len: usize, wake: bool, allow_src_holes: bool) -> Result<()> {
         self.move_pages_reporting(dst, src, len, wake, allow_src_holes).map_err(|(_, err)| err)
     }
@@ -418,6 +453,18 @@ impl Uffd {
                 return Ok(());
             }
             let err = Error::last_os("ioctl(UFFDIO_MOVE)");
+            if err.errno() == Some(libc::EEXIST) {
+                let moved = moved_though_refused(dst + done, src + done, len - done);
+                if moved > 0 {
+                    // A refusal wakes nobody (fs/userfaultfd.c wakes only what it counts moved).
+                    if wake {
+                        self.wake(dst + done, moved).map_err(|e| (done, e))?;
+                    }
+                    MOVES_REFUSED_YET_MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    done += moved;
+                    continue;
+                }
+            }
             retries += 1;
             if err.errno() != Some(libc::EAGAIN) || retries > 1000 {
                 return Err((done, err));
@@ -641,6 +688,39 @@ mod tests {
         // Moving onto a present page is refused.
         let err = uffd.move_pages(dst.addr(), src.addr(), 4096, true, true).unwrap_err();
         assert!(err.to_string().contains("UFFDIO_MOVE"), "{err}");
+    }
+
+    #[test]
+    fn a_move_whose_pages_are_already_at_the_destination_is_done() {
+        let Some(uffd) = uffd_or_skip(feature::MOVE | feature::PAGEFAULT_FLAG_WP) else {
+            return;
+        };
+        let len = 4 * 4096;
+        let opts = MapOptions::default();
+        let src = Mapping::anonymous(len, &opts).unwrap();
+        let dst = Mapping::anonymous(len, &opts).unwrap();
+        uffd.register(dst.addr(), len, RegisterMode { missing: true, write_protect: true, minor: false }).unwrap();
+        // SAFETY: src is ours and read-write.
+        unsafe { std::ptr::write_bytes(src.addr() as *mut u8, 0x5A, len) };
+        // The first half moved already (what the kernel does before refusing, see move_pages).
+        uffd.move_pages(dst.addr(), src.addr(), len / 2, true, false).unwrap();
+        let before = moves_refused_yet_made();
+        uffd.move_pages(dst.addr(), src.addr(), len, true, false).unwrap();
+        assert_eq!(moves_refused_yet_made(), before + 1);
+        let mut present = [0u8; 4];
+        crate::mem::mincore(src.addr(), len, &mut present).unwrap();
+        assert_eq!(present.map(|p| p & 1), [0; 4], "the source is empty");
+        // SAFETY: dst maps the moved pages.
+        assert_eq!(unsafe { std::ptr::read_volatile((dst.addr() + len - 1) as *const u8) }, 0x5A);
+    }
+
+    #[test]
+    fn only_the_leading_pages_at_the_destination_and_gone_from_the_source_count_as_moved() {
+        assert_eq!(moved_pages(&[0, 0, 1], &[1, 1, 0]), 2);
+        assert_eq!(moved_pages(&[1, 0], &[1, 1]), 0, "at both: a genuine refusal");
+        assert_eq!(moved_pages(&[0, 0], &[0, 1]), 0, "at neither");
+        assert_eq!(moved_pages(&[0, 0], &[1, 0]), 1);
+        assert_eq!(moved_pages(&[], &[]), 0);
     }
 
     #[test]

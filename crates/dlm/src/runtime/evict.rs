@@ -381,10 +381,10 @@ impl super::Dlm {
         madvise(place, b, Advice::PopulateWrite).is_ok()
     }
 
-    /// For tests of `Inner::move_over_strays`: move the pages of the resident, unarmed unit
-    /// holding `addr` to its place in the shadow behind the bookkeeping's back, as seen under
-    /// `pagewise run` (the unit's data away from where its entry has it). False (and nothing
-    /// done) unless there is such a unit with an empty place.
+    /// For tests of moves to the shadow: move the pages of the resident, unarmed unit holding
+    /// `addr` to its place in the shadow behind the bookkeeping's back, as the kernel does when
+    /// it refuses a move it has made (`Uffd::move_pages`). False (and nothing done) unless
+    /// there is such a unit with an empty place.
     #[doc(hidden)]
     pub fn displace_unit_to_shadow(&self, addr: usize) -> bool {
         let st = self.inner.lock();
