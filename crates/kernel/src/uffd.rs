@@ -421,9 +421,10 @@ impl Uffd {
     /// Pages found at the destination and gone from the source after the kernel refused with
     /// EEXIST count as moved (`moved_though_refused`): Linux 6.18 has been seen to move pages
     /// and then refuse them — the same page frames at the destination (/proc/self/pagemap),
-    /// EEXIST, nothing counted moved — rarely, under load (about once in a 7-Zip run paging
-    /// through DLM beside two more; docs/dlm.md). A caller moving with holes allowed clears
-    /// the destination first, or a hole over a page already there counts as moved too.
+    /// EEXIST, nothing counted moved — rarely, under load (once in three or four 7-Zip runs
+    /// paging through DLM with two more beside them; docs/dlm.md). A caller moving with holes
+    /// allowed clears the destination first, or a hole over a page already there counts as
+    /// moved too.
     pub fn move_pages(&self, dst: usize, src: usize, len: usize, wake: bool, allow_src_holes: bool) -> Result<()> {
         self.move_pages_reporting(dst, src, len, wake, allow_src_holes).map_err(|(_, err)| err)
     }
