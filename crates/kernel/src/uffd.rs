@@ -330,16 +330,28 @@ pub fn moves_refused_yet_made() -> u64 {
 }
 
 /// Bytes at the start of a refused move `[src, src + len)` → `[dst, dst + len)` whose pages are
-/// at the destination and gone from the source (one mincore(2) of each range): moved. 0 where
-/// either range is not wholly mapped (mincore's ENOMEM): the refusal stands.
+/// at the destination and gone from the source (mincore(2) of both, 256 pages at a time, on
+/// the stack: a move may be made in a signal handler), up to where either range is not mapped
+/// (mincore's ENOMEM): from there the refusal stands.
 fn moved_though_refused(dst: usize, src: usize, len: usize) -> usize {
     let page = crate::mem::page_size();
-    let mut at_dst = vec![0u8; len.div_ceil(page)];
-    let mut at_src = vec![0u8; len.div_ceil(page)];
-    if crate::mem::mincore(dst, len, &mut at_dst).is_err() || crate::mem::mincore(src, len, &mut at_src).is_err() {
-        return 0;
+    let (mut at_dst, mut at_src) = ([0u8; 256], [0u8; 256]);
+    let mut moved = 0;
+    while moved < len {
+        let n = ((len - moved) / page).clamp(1, 256);
+        let (d, s) = (&mut at_dst[..n], &mut at_src[..n]);
+        if crate::mem::mincore(dst + moved, n * page, d).is_err()
+            || crate::mem::mincore(src + moved, n * page, s).is_err()
+        {
+            break;
+        }
+        let pages = moved_pages(s, d);
+        moved += pages * page;
+        if pages < n {
+            break;
+        }
     }
-    moved_pages(&at_src, &at_dst) * page
+    moved
 }
 
 /// Pages at the start of a range that are present at the destination and absent at the

@@ -264,10 +264,10 @@ impl Inner {
             );
         }
         // The pages to be moved must all be in the view. Where some are not, what is in the
-        // shadow may be those very pages, found away from where the bookkeeping has them
-        // (seen under `pagewise run`: the journal shows no move that put them there): freeing
-        // them would lose the unit's data, and a dirty unit's write-back would then carry
-        // zeros home. Stop instead.
+        // shadow may be those very pages, moved there by a call the kernel refused after making
+        // it (`Uffd::move_pages` takes wholly moved ranges as moved; this is what is left):
+        // freeing them would lose the unit's data, and a dirty unit's write-back would then
+        // carry zeros home. Stop instead.
         let in_view = present_count(view, len) * pagewise_kernel::mem::page_size();
         if in_view < len {
             journal::fatal(
