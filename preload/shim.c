@@ -22,7 +22,8 @@
  *   (crates/kernel/src/mem.rs); a thread-local depth sends whatever else happens while the
  *   shim works (libc's own allocations inside dlopen, getaddrinfo...) to glibc and the kernel.
  * - fork: the child stops routing and never calls into the parent's runtime. Each routed
- *   range becomes the child's private copy before the child runs on (fork.c: HPS copies its
+ *   range becomes the child's private copy before the child runs on — before any other
+ *   child handler, the program's allocator's too (fork.c: HPS copies its
  *   inherited memfds, DLM's parent streams its ranges to the child), so the child sees its
  *   parent's memory as fork(2) gives it; its blocks are then plain memory, unmapped when
  *   freed. The child forgets the routed ranges (their addresses are its plain memory).
@@ -36,6 +37,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <malloc.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -503,11 +505,24 @@ PW_EXPORT int listen(int fd, int backlog) {
 
 /* ---- start, fork, exit ---- */
 
-static void prepare(void) { pw_fork_prepare(); }
+/* Set by prepare (pw_lock held) for the fork under way: the child handler acts only on a fork
+ * the shim prepared (its registration comes first, before the shim may have started). */
+static int forking;
 
-static void parent(void) { pw_fork_parent(); }
+static void prepare(void) {
+    pw_fork_prepare();
+    forking = 1;
+}
+
+static void parent(void) {
+    forking = 0;
+    pw_fork_parent();
+}
 
 static void child(void) {
+    if (!forking)
+        return;
+    forking = 0;
     int on = S_ON, down = S_DOWN;
     if (!atomic_compare_exchange_strong(&pw_state, &on, S_CHILD))
         atomic_compare_exchange_strong(&pw_state, &down, S_CHILD);
@@ -518,6 +533,42 @@ static void child(void) {
     pw_ranges_clear(&pw_reserved);
     pw_tables_changed();
     pthread_mutex_unlock(&pw_lock);
+}
+
+/* pthread_atfork(3) registrations, the program's and its libraries' as well as the shim's
+ * (glibc's pthread_atfork calls this). Child handlers run in the order they were registered,
+ * and the shim's must run first: an allocator's child handler touches the allocator's state
+ * (jemalloc re-initialises each arena's locks), which may lie in routed memory that the shim's
+ * handler has yet to make the child's (DLM: not there until streamed, so the child died of
+ * SIGSEGV — rustc's fork to run its linker; HPS: still the parent's memory, shared). A library
+ * the program links runs its constructor, and registers, before the shim's constructor does;
+ * so the shim's child handler is registered ahead of the first registration anyone makes. Its
+ * prepare and parent handlers are registered by the constructor, after those libraries': their
+ * parent handlers, which release what their prepare handlers locked, run before the shim's,
+ * which streams the child's copy. */
+typedef int (*register_atfork_fn)(void (*)(void), void (*)(void), void (*)(void), void *);
+extern void *__dso_handle;
+
+PW_EXPORT int __register_atfork(void (*on_prepare)(void), void (*on_parent)(void), void (*on_child)(void),
+                                void *dso) {
+    static _Atomic(register_atfork_fn) next;
+    /* 0: the shim's child handler is not registered, 1: being registered, 2: registered. */
+    static _Atomic int first;
+    register_atfork_fn f = atomic_load(&next);
+    if (!f) {
+        f = (register_atfork_fn)dlsym(RTLD_NEXT, "__register_atfork");
+        if (!f)
+            return ENOSYS;
+        atomic_store(&next, f);
+    }
+    int none = 0;
+    if (atomic_compare_exchange_strong(&first, &none, 1)) {
+        f(NULL, NULL, child, &__dso_handle);
+        atomic_store(&first, 2);
+    }
+    while (atomic_load(&first) != 2)
+        sched_yield();
+    return f(on_prepare, on_parent, on_child, dso);
 }
 
 __attribute__((constructor)) static void shim_init(void) {
@@ -565,7 +616,7 @@ __attribute__((constructor)) static void shim_init(void) {
     }
     owner = getpid();
     pw_fork_configure(getenv("PAGEWISE_PRELOAD_FORK"));
-    pthread_atfork(prepare, parent, child);
+    __register_atfork(prepare, parent, NULL, &__dso_handle);
     atomic_store(&pw_state, S_ON);
     pw_in_shim--;
     if (bss && strcmp(bss, "1") == 0)

@@ -88,7 +88,9 @@ pub struct DlmOptions {
     /// its own copy as fork gives (the forking thread waits while every routed byte is copied
     /// to the child: a fork + exec of a process with 200 MiB routed takes 0.15–0.25 s here
     /// against 8 ms plain), or `none`: nothing, and fork returns at once — for programs that
-    /// fork only to exec; a child that reads its parent's routed memory then faults (SIGSEGV).
+    /// fork only to exec; a child that reads its parent's routed memory then faults (SIGSEGV),
+    /// its allocator's own fork handler too when the allocator keeps its state there (jemalloc in
+    /// a program with threads: rustc).
     #[arg(long, value_name = "WHAT", default_value = "copy", value_parser = ["copy", "none"])]
     on_fork: String,
 }

@@ -478,6 +478,19 @@ fn a_forked_child_sees_its_parents_memory_and_each_keeps_its_own_writes() {
     assert_eq!(routed_allocations(&err), 2, "the malloc'd and the mmap'd memory were not routed:\n{err}");
 }
 
+/// The child's copy is made before its allocator's fork handler, registered before the
+/// shim's, writes the allocator's state: the write stays the child's, never the parent's
+/// tracked memory (a memfd, `--late-routing off`) still shared with it.
+#[test]
+fn a_forked_child_has_its_copy_before_its_allocators_fork_handler_runs() {
+    let Some((direct, run, err)) = direct_and_under_hps_with("forkfirst", &["--late-routing", "off"], &[], &[]) else {
+        return;
+    };
+    assert_eq!(String::from_utf8_lossy(&direct.stdout), "child errors 0\nparent errors 0, child exit 0\n");
+    assert_eq!(String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&direct.stdout), "{err}");
+    assert_eq!(routed_allocations(&err), 1, "the allocator's state was not routed:\n{err}");
+}
+
 /// A forked child holds about what its parent wrote of a large block: holes are not copied.
 #[test]
 fn a_forked_child_gets_no_copy_of_never_written_memory() {

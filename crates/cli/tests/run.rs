@@ -86,6 +86,14 @@ fn a_forked_child_sees_its_parents_memory_and_each_keeps_its_own_writes() {
     same_output("forkread", &[], |_| vec![]);
 }
 
+/// A child made by fork gets its copy of its parent's memory before its allocator's fork
+/// handler, registered before the shim's, touches the allocator's state there (jemalloc's
+/// does: rustc's fork to run its linker). Before, that child died of SIGSEGV.
+#[test]
+fn a_forked_child_has_its_copy_before_its_allocators_fork_handler_runs() {
+    same_output("forkfirst", &[], |_| vec![]);
+}
+
 /// A child made by fork holds about what its parent wrote of a large block, not the block:
 /// the pages the runtime knows read as zeros are neither fetched nor sent (`dlm_holds_data`).
 #[test]

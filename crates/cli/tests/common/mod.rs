@@ -24,11 +24,28 @@ pub fn ensure_libpagewise() {
     });
 }
 
-/// Compile tests/run/NAME.c into `dir`.
+/// Compile tests/run/NAME.c into `dir`, linked with a shared library of its own when there is
+/// a tests/run/NAME_lib.c: a library the program links runs its constructors before the
+/// preloaded shim's, as an allocator's do.
 pub fn compile(name: &str, dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/run").join(format!("{name}.c"));
+    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/run");
+    let src = sources.join(format!("{name}.c"));
     let out = dir.join(name);
-    let st = Command::new("cc").args(["-O2", "-pthread", "-o"]).arg(&out).arg(&src).status().expect("cc");
+    let mut cc = Command::new("cc");
+    cc.args(["-O2", "-pthread", "-o"]).arg(&out).arg(&src);
+    let lib_src = sources.join(format!("{name}_lib.c"));
+    if lib_src.is_file() {
+        let lib = dir.join(format!("lib{name}.so"));
+        let st = Command::new("cc")
+            .args(["-O2", "-pthread", "-shared", "-fPIC", "-o"])
+            .arg(&lib)
+            .arg(&lib_src)
+            .status()
+            .expect("cc");
+        assert!(st.success(), "compiling {}", lib_src.display());
+        cc.arg("-L").arg(dir).arg(format!("-l{name}")).arg(format!("-Wl,-rpath,{}", dir.display()));
+    }
+    let st = cc.status().expect("cc");
     assert!(st.success(), "compiling {}", src.display());
     out
 }
