@@ -571,6 +571,23 @@ PW_EXPORT int __register_atfork(void (*on_prepare)(void), void (*on_parent)(void
     return f(on_prepare, on_parent, on_child, dso);
 }
 
+/* Whether this process prints the end-of-run notes: the program `pagewise run` started
+ * (PAGEWISE_PRELOAD_REPORT=program), and what it execs in its own place — a wrapper such as
+ * pyenv's python3 script, env or nice execs the real program, whose notes are the run's — but
+ * not the processes it starts. So the first process replaces the mark with its pid. */
+static int reports(void) {
+    const char *mark = getenv("PAGEWISE_PRELOAD_REPORT");
+    if (!mark)
+        return 0;
+    char pid[24];
+    snprintf(pid, sizeof pid, "%ld", (long)getpid());
+    if (strcmp(mark, "program") == 0) {
+        setenv("PAGEWISE_PRELOAD_REPORT", pid, 1);
+        return 1;
+    }
+    return strcmp(mark, pid) == 0;
+}
+
 __attribute__((constructor)) static void shim_init(void) {
     pw_in_shim++;
     int fd = fcntl(2, F_DUPFD_CLOEXEC, 3);
@@ -580,9 +597,7 @@ __attribute__((constructor)) static void shim_init(void) {
     const char *libpath = getenv("PAGEWISE_PRELOAD_LIB");
     const char *min = getenv("PAGEWISE_PRELOAD_MIN_ALLOC");
     const char *bss = getenv("PAGEWISE_PRELOAD_BSS");
-    report = getenv("PAGEWISE_PRELOAD_REPORT") != NULL;
-    /* Only the program `pagewise run` started reports; processes it execs do not. */
-    unsetenv("PAGEWISE_PRELOAD_REPORT");
+    report = reports();
     atomic_store(&next_listen, (int (*)(int, int))dlsym(RTLD_NEXT, "listen"));
     pw_in_shim--;
     foreign(); /* found now, before the program's first allocation if it has not made one */

@@ -229,7 +229,7 @@ fn run_program(
         .env("PAGEWISE_PRELOAD_LIB", &lib)
         .env("PAGEWISE_PRELOAD_MIN_ALLOC", min.to_string())
         .env("PAGEWISE_PRELOAD_FORK", &placement.on_fork)
-        .env("PAGEWISE_PRELOAD_REPORT", "1")
+        .env("PAGEWISE_PRELOAD_REPORT", "program")
         .env("PAGEWISE_HPS_PROMOTE_FRACTION", promote_fraction.to_string())
         .env("PAGEWISE_HPS_INTERVAL_MS", interval_ms.to_string())
         .env("PAGEWISE_HPS_PACE", pace.to_string())

@@ -183,7 +183,7 @@ impl DlmProgram {
             .env("PAGEWISE_PRELOAD_LIB", &lib)
             .env("PAGEWISE_PRELOAD_MIN_ALLOC", c.min_alloc.to_string())
             .env("PAGEWISE_PRELOAD_FORK", &opts.on_fork)
-            .env("PAGEWISE_PRELOAD_REPORT", "1")
+            .env("PAGEWISE_PRELOAD_REPORT", "program")
             .env("PAGEWISE_DLM_SERVERS", servers.join(","))
             .env("PAGEWISE_DLM_LOCAL_MEM", c.local.to_string())
             .env("PAGEWISE_DLM_PAGE_SIZE", c.base.to_string())

@@ -149,6 +149,27 @@ fn the_decisions_are_the_started_programs_though_a_process_it_started_ends_later
     assert!(n >= 2, "{n} decision(s) in {json}\n{err}");
 }
 
+/// A wrapper that execs the program in its place (pyenv's `python3` script, `env`, `nice`)
+/// passes the report on: the program it became reports at its exit, as the one started.
+/// Before, nothing was reported (the wrapper, which the shim told to report, never exits).
+#[test]
+fn a_program_execd_in_the_started_ones_place_reports() {
+    ensure_libpagewise();
+    let scratch = tempdir("exec-report");
+    let prog = compile("three_blocks", scratch.path());
+    let direct = Command::new(&prog).output().unwrap();
+    let run = under_run(
+        &["--local-mem", "1M", "--min-alloc", "16K"],
+        Path::new("/bin/sh"),
+        &["-c", &format!("exec {}", prog.display())],
+    );
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{:?}\n{err}", run.status);
+    assert_eq!(run.stdout, direct.stdout, "{err}");
+    assert!(err.contains("pagewise: 3 allocation(s) on dlm memory"), "{err}");
+    assert_eq!(err.matches("pagewise: dlm: ").count(), 1, "{err}");
+}
+
 #[test]
 fn unreachable_servers_are_reported_before_the_program_starts() {
     ensure_libpagewise();
