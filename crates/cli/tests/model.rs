@@ -52,8 +52,15 @@ fn same_as_plain(model: &Path, wrapper: &[&str], first: u64, count: u64) {
     let wrapped =
         run_limited(Command::new(pagewise()).args(wrapper).arg("--").arg(model).args(&args), Duration::from_secs(300));
     let err = String::from_utf8_lossy(&wrapped.stderr);
-    assert!(wrapped.status.success(), "model under {wrapper:?}: {:?}\n{err}", wrapped.status);
     let (a, b) = (String::from_utf8_lossy(&plain.stdout), String::from_utf8_lossy(&wrapped.stdout));
+    // The sequence it stopped in, to reproduce a failure alone.
+    let last_seq = b.lines().rev().find(|l| l.starts_with("seq ")).unwrap_or("no sequence begun");
+    assert!(
+        wrapped.status.success(),
+        "model under {wrapper:?}: {:?} in {last_seq} (reproduce: {} FIRST 1 with FIRST the seq number)\n{err}",
+        wrapped.status,
+        model.display()
+    );
     if a != b {
         let (al, bl): (Vec<&str>, Vec<&str>) = (a.lines().collect(), b.lines().collect());
         let i = al.iter().zip(&bl).position(|(x, y)| x != y).unwrap_or(al.len().min(bl.len()));

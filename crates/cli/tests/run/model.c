@@ -422,6 +422,8 @@ int main(int argc, char **argv) {
     for (unsigned long s = first; s < first + count; s++) {
         rng = s * 0x2545F4914F6CDD1DULL + 1;
         printf("seq %lu\n", s);
+        /* Out before the sequence runs: a run that dies in it names it (tests/model.rs). */
+        fflush(stdout);
         for (op_no = 0; op_no < ops; op_no++) {
             switch (pick(10)) {
             case 0: do_map(); break;
