@@ -98,14 +98,23 @@ struct chunk {
     size_t live;                /* pieces not yet gone */
     struct pw_ranges dead;      /* taken-over parts of freed blocks: unmapped with the chunk */
 };
-/* A piece: its bytes still HPS's, and its chunk (or -1: an arena of its own). */
+/* A piece: its bytes still HPS's, its chunk (or -1: an arena of its own), and where it starts
+ * and ends (what alloc returned). */
 struct piece {
     size_t mapped;
     int chunk;
+    uintptr_t start, end;
 };
 static struct chunk chunks[MAX_CHUNKS];
 static struct chunk *cur;
-static struct pw_ranges pieces; /* tag: struct piece * */
+/* The parts of pieces still HPS's (tag: struct piece *): a part the program gives up leaves
+ * the table, so the ranges never overlap, and a piece placed where another gave memory up (a
+ * MAP_FIXED over part of it, an arena in its hole) finds the table free there. Before, a
+ * piece kept its whole range until it was gone: the table (sorted and disjoint by contract)
+ * got overlapping ranges, its lookups then missed pieces or found other ones, and chunks
+ * whose pieces were never found again stayed mapped for good. */
+static struct pw_ranges pieces;
+static int cut(uintptr_t lo, uintptr_t hi);
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void *new_arena(size_t len) {
@@ -121,7 +130,7 @@ static int record(char *p, size_t len, int chunk) {
         __libc_free(pc);
         return -ENOMEM;
     }
-    *pc = (struct piece){len, chunk};
+    *pc = (struct piece){len, chunk, (uintptr_t)p, (uintptr_t)p + len};
     return 0;
 }
 
@@ -180,6 +189,9 @@ static void *hps_arena_alloc_at(void *addr, size_t len) {
     if (!p)
         return NULL;
     pthread_mutex_lock(&mu);
+    /* Nothing of a piece is recorded there any more (what the program replaced or unmapped
+     * was given up); should anything be, it is not that piece's now. */
+    (void)cut((uintptr_t)p, (uintptr_t)p + whole);
     int rc = record(p, whole, -1);
     pthread_mutex_unlock(&mu);
     if (rc < 0) {
@@ -203,11 +215,18 @@ static int drop_chunk(struct chunk *c) {
     return rc;
 }
 
-/* Piece r (its struct) is gone: its chunk loses it; the caller frees an own arena itself. */
-static int piece_gone(struct pw_range r) {
-    struct piece *pc = (struct piece *)r.tag;
+/* The parts of pc still in the table, one by one (none: 0). */
+static int piece_part(struct piece *pc, uintptr_t from, struct pw_range *out) {
+    for (uintptr_t at = from; pw_ranges_next(&pieces, at, pc->end, out); at = out->end)
+        if (out->tag == (uintptr_t)pc)
+            return 1;
+    return 0;
+}
+
+/* Piece pc is gone (its parts out of the table): its chunk loses it; the caller frees an own
+ * arena itself. */
+static int piece_gone(struct piece *pc) {
     int chunk = pc->chunk;
-    pw_ranges_remove(&pieces, r.start, r.end);
     __libc_free(pc);
     if (chunk >= 0 && --chunks[chunk].live == 0)
         return drop_chunk(&chunks[chunk]);
@@ -216,35 +235,62 @@ static int piece_gone(struct pw_range r) {
 
 static int hps_arena_free(void *p) {
     pthread_mutex_lock(&mu);
+    /* The piece that starts at p: the first part at or after p is its (the shim frees a block
+     * while some of it is still routed, and nothing else lies inside a block). */
     struct pw_range r;
-    int rc;
-    if (!pw_ranges_at(&pieces, (uintptr_t)p, &r)) {
+    struct piece *pc = NULL;
+    if (pw_ranges_next(&pieces, (uintptr_t)p, UINTPTR_MAX, &r) && ((struct piece *)r.tag)->start == (uintptr_t)p)
+        pc = (struct piece *)r.tag;
+    int rc = 0;
+    if (!pc) {
         rc = -EINVAL;
-    } else if (((struct piece *)r.tag)->chunk < 0) {
-        piece_gone(r);
-        rc = p_free(p);
     } else {
-        /* What is still HPS's goes back at once (a hole in the memfd). */
-        rc = p_release(p, r.end - r.start);
-        int e = piece_gone(r);
+        /* What is still HPS's goes back at once (a hole in the memfd), part by part: a part
+         * the program took over is not HPS's to release. */
+        int own = pc->chunk < 0;
+        while (piece_part(pc, pc->start, &r)) {
+            int e = own ? 0 : p_release((void *)r.start, r.end - r.start);
+            rc = rc < 0 ? rc : e;
+            pw_ranges_remove(&pieces, r.start, r.end); /* a whole range: never splits */
+        }
+        int e = piece_gone(pc);
         rc = rc < 0 ? rc : e;
+        if (own) {
+            e = p_free(p);
+            rc = rc < 0 ? rc : e;
+        }
     }
     pthread_mutex_unlock(&mu);
     return rc;
 }
 
-/* [addr, addr+len) of a piece is no longer HPS's: `give_up` tells HPS; the piece goes when
- * nothing of it is left (an own arena HPS freed itself). */
+/* [lo, hi) is no longer any piece's: its parts leave the table, and a piece goes when nothing
+ * of it is left (an own arena HPS freed itself). Under mu. 0 or a negative errno. */
+static int cut(uintptr_t lo, uintptr_t hi) {
+    struct pw_range r;
+    int rc = 0;
+    while (pw_ranges_next(&pieces, lo, hi, &r)) {
+        struct piece *pc = (struct piece *)r.tag;
+        size_t n = r.end - r.start;
+        if (pw_ranges_remove(&pieces, r.start, r.end) < 0)
+            return -ENOMEM; /* splitting a part: then the part stays recorded */
+        pc->mapped -= n < pc->mapped ? n : pc->mapped;
+        if (pc->mapped == 0) {
+            int e = piece_gone(pc);
+            rc = rc < 0 ? rc : e;
+        }
+        lo = r.end;
+    }
+    return rc;
+}
+
+/* [addr, addr+len) of a piece is no longer HPS's: `give_up` tells HPS, and the range leaves
+ * the table whatever HPS said (the shim stops routing it either way). */
 static int give_up_part(void *addr, size_t len, int (*give_up)(void *, size_t)) {
     pthread_mutex_lock(&mu);
-    struct pw_range r;
     int rc = give_up(addr, len);
-    if (rc == 0 && pw_ranges_containing(&pieces, (uintptr_t)addr, &r)) {
-        struct piece *pc = (struct piece *)r.tag;
-        pc->mapped -= len < pc->mapped ? len : pc->mapped;
-        if (pc->mapped == 0)
-            rc = piece_gone(r);
-    }
+    int e = cut((uintptr_t)addr, (uintptr_t)addr + len);
+    rc = rc < 0 ? rc : e;
     pthread_mutex_unlock(&mu);
     return rc;
 }

@@ -194,6 +194,12 @@ struct Shared {
     cfg: Mutex<HpsConfig>,
     tracker: MinorTracker,
     arenas: Mutex<Vec<TrackedArena>>,
+    /// Each tracked arena's range in the tracker, by arena id ([`TrackedArena::id`]); taken
+    /// under the arenas lock. Not looked up by address: arenas' spans overlap (one placed in
+    /// another's hole), and a page an arena no longer tracks lies in the span of another's
+    /// range too, so the untracked range could be the wrong one — the right one then went on
+    /// being armed after its arena was freed and unmapped.
+    ranges: Mutex<HashMap<usize, Arc<pagewise_track::TrackedRange>>>,
     huge: Mutex<HugeArena>,
     callbacks: Mutex<Callbacks>,
     backoff: Mutex<Backoff>,
@@ -251,6 +257,26 @@ struct Shared {
     steps: AtomicU64,
 }
 
+impl Shared {
+    /// Arena `id`'s range in the tracker, if it is tracked (under the arenas lock).
+    fn range_of_arena(&self, id: usize) -> Option<Arc<pagewise_track::TrackedRange>> {
+        self.ranges.lock().expect("ranges lock").get(&id).cloned()
+    }
+
+    /// Record arena `id`'s range (None: forget it); returns what was recorded before.
+    fn set_range(
+        &self,
+        id: usize,
+        range: Option<Arc<pagewise_track::TrackedRange>>,
+    ) -> Option<Arc<pagewise_track::TrackedRange>> {
+        let mut ranges = self.ranges.lock().expect("ranges lock");
+        match range {
+            Some(r) => ranges.insert(id, r),
+            None => ranges.remove(&id),
+        }
+    }
+}
+
 /// HPS in this process.
 pub struct Hps {
     shared: Arc<Shared>,
@@ -287,6 +313,7 @@ impl Hps {
             cfg: Mutex::new(cfg),
             tracker,
             arenas: Mutex::new(Vec::new()),
+            ranges: Mutex::new(HashMap::new()),
             huge: Mutex::new(HugeArena::new()),
             callbacks: Mutex::new(Callbacks::default()),
             backoff: Mutex::new(Backoff::default()),
@@ -359,9 +386,12 @@ impl Hps {
             Some(f) => f.new_arena("pagewise-hps", len)?,
             None => TrackedArena::new("pagewise-hps", len)?,
         };
-        self.shared.tracker.track(arena.addr(), arena.len())?;
+        let range = self.shared.tracker.track(arena.addr(), arena.len())?;
         let p = arena.as_ptr();
-        self.shared.arenas.lock().expect("arenas lock").push(arena);
+        let mut arenas = self.shared.arenas.lock().expect("arenas lock");
+        self.shared.set_range(arena.id(), Some(range));
+        arenas.push(arena);
+        drop(arenas);
         self.shared.idle_periods.store(0, Ordering::Relaxed);
         self.shared.new_memory.store(true, Ordering::Release);
         self.shared.wake();
@@ -377,15 +407,21 @@ impl Hps {
     pub unsafe fn alloc_at(&self, addr: usize, len: usize) -> Result<*mut u8> {
         // SAFETY: the caller's contract.
         let arena = unsafe { TrackedArena::at("pagewise-hps", addr, len) }?;
-        if let Err(e) = self.shared.tracker.track_parts(arena.addr(), arena.len(), &arena.live_parts(addr, len)) {
-            // Leave the range as what the program asked for without HPS: fresh zero-filled
-            // read-write private memory (a commit, a MAP_FIXED or a hint mapping all end so).
-            arena.give_up(addr, len)?;
-            // SAFETY: the caller owns the range; the arena let go of it above.
-            let _ = unsafe { Mapping::anonymous_at(addr, len, &MapOptions::default()) }?.into_raw();
-            return Err(e.into());
-        }
-        self.shared.arenas.lock().expect("arenas lock").push(arena);
+        let range = match self.shared.tracker.track_parts(arena.addr(), arena.len(), &arena.live_parts(addr, len)) {
+            Ok(r) => r,
+            Err(e) => {
+                // Leave the range as what the program asked for without HPS: fresh zero-filled
+                // read-write private memory (a commit, a MAP_FIXED or a hint mapping all end so).
+                arena.give_up(addr, len)?;
+                // SAFETY: the caller owns the range; the arena let go of it above.
+                let _ = unsafe { Mapping::anonymous_at(addr, len, &MapOptions::default()) }?.into_raw();
+                return Err(e.into());
+            }
+        };
+        let mut arenas = self.shared.arenas.lock().expect("arenas lock");
+        self.shared.set_range(arena.id(), Some(range));
+        arenas.push(arena);
+        drop(arenas);
         self.shared.idle_periods.store(0, Ordering::Relaxed);
         self.shared.new_memory.store(true, Ordering::Release);
         self.shared.wake();
@@ -403,12 +439,9 @@ impl Hps {
             // Never tracked.
             self.shared.forget_young(a.id());
         } else {
-            // Its range is the one holding what is left of its view (another arena's may share
-            // its start); an arena of which nothing is left was freed when the last part went.
-            let live = a.live_parts(a.addr(), a.len());
-            match live.first().and_then(|&(at, _)| self.shared.tracker.range_of(at)) {
-                Some(r) => self.shared.tracker.untrack_range(&r)?,
-                None => self.shared.tracker.untrack(addr)?,
+            // Its own range: every arena out of its young days has one (`set_range`).
+            if let Some(r) = self.shared.set_range(a.id(), None) {
+                self.shared.tracker.untrack_range(&r)?;
             }
         }
         if let Some(f) = &self.shared.fill {
@@ -424,8 +457,9 @@ impl Hps {
         let arenas = self.shared.arenas.lock().expect("arenas lock");
         let a = arenas.iter().find(|a| a.owns(addr, len)).ok_or(pagewise_track::Error::NotTracked(addr))?;
         a.release(addr, len)?;
+        let range = self.shared.range_of_arena(a.id());
         drop(arenas);
-        if let Some(r) = self.shared.tracker.range_of(addr) {
+        if let Some(r) = range {
             let first = r.page_of(addr);
             for i in first..(first + len.div_ceil(PAGE)).min(r.pages()) {
                 r.reset_page(i);
@@ -454,7 +488,7 @@ impl Hps {
     /// give: its own MADV_HUGEPAGE, a protection other than read-write.
     pub fn detach(&self, addr: usize, len: usize) -> Result<()> {
         use pagewise_kernel::mem::{move_mapping, munmap};
-        let arenas = self.shared.arenas.lock().expect("arenas lock");
+        let mut arenas = self.shared.arenas.lock().expect("arenas lock");
         let a = arenas.iter().find(|a| a.owns(addr, len)).ok_or(pagewise_track::Error::NotTracked(addr))?;
         // The tracker lets go first: no arming or collapsing of the range from here on. Its
         // range is taken now: once forgotten, the pages no longer say which range they were
@@ -462,7 +496,7 @@ impl Hps {
         let range = if self.shared.is_young(a.id()) {
             None
         } else {
-            Some(self.shared.tracker.range_of(addr).ok_or(pagewise_track::Error::NotTracked(addr))?)
+            Some(self.shared.range_of_arena(a.id()).ok_or(pagewise_track::Error::NotTracked(addr))?)
         };
         if let Some(r) = &range {
             r.forget(r.page_of(addr), len.div_ceil(PAGE));
@@ -482,36 +516,42 @@ impl Hps {
                 return Err(e.into());
             }
         }
-        drop(arenas);
-        self.give_up_in(range.as_ref(), addr, len, |_, _| Ok(()))
+        // Still under the lock: a young region let go now could otherwise move into the memfd
+        // (`hps/late.rs`) before it is marked given up, and the arena be tracked with it.
+        self.give_up_locked(&mut arenas, range.as_ref(), addr, len, |_, _| Ok(()))
     }
 
     /// Forget `[addr, addr+len)` in the tracker (waiting for its work there), release its
     /// memory and mark it the arena's no more; `then` does what the caller does to the range;
     /// the arena goes once nothing of it is left.
+    ///
+    /// Whether the arena is young, and so which tracked range holds the part, is decided under
+    /// the same hold of the arenas lock as the rest: the tracking thread moves young regions
+    /// in and starts tracking a young arena under it (`hps/late.rs`). Decided before taking
+    /// the lock again, an arena tracked in between had the part tracked and never forgotten,
+    /// and the tracker went on arming it after the program unmapped it — whatever was mapped
+    /// there next, glibc's heap included.
     fn give_up(&self, addr: usize, len: usize, then: impl FnOnce(usize, usize) -> Result<()>) -> Result<()> {
-        let young = {
-            let arenas = self.shared.arenas.lock().expect("arenas lock");
-            let a = arenas.iter().find(|a| a.owns(addr, len)).ok_or(pagewise_track::Error::NotTracked(addr))?;
-            self.shared.is_young(a.id())
+        let mut arenas = self.shared.arenas.lock().expect("arenas lock");
+        let a = arenas.iter().find(|a| a.owns(addr, len)).ok_or(pagewise_track::Error::NotTracked(addr))?;
+        let range = if self.shared.is_young(a.id()) {
+            None
+        } else {
+            Some(self.shared.range_of_arena(a.id()).ok_or(pagewise_track::Error::NotTracked(addr))?)
         };
-        if young {
-            return self.give_up_in(None, addr, len, then);
-        }
-        let range = self.shared.tracker.range_of(addr).ok_or(pagewise_track::Error::NotTracked(addr))?;
-        self.give_up_in(Some(&range), addr, len, then)
+        self.give_up_locked(&mut arenas, range.as_ref(), addr, len, then)
     }
 
     /// [`Hps::give_up`] of a range of `range`'s, the tracked range that held it (None: a young
-    /// arena's, never tracked).
-    fn give_up_in(
+    /// arena's, never tracked), the arenas lock held since `range` was chosen.
+    fn give_up_locked(
         &self,
+        arenas: &mut Vec<TrackedArena>,
         range: Option<&Arc<pagewise_track::TrackedRange>>,
         addr: usize,
         len: usize,
         then: impl FnOnce(usize, usize) -> Result<()>,
     ) -> Result<()> {
-        let mut arenas = self.shared.arenas.lock().expect("arenas lock");
         let pos = arenas.iter().position(|a| a.owns(addr, len)).ok_or(pagewise_track::Error::NotTracked(addr))?;
         if let Some(range) = range {
             range.forget(range.page_of(addr), len.div_ceil(PAGE));
@@ -521,6 +561,7 @@ impl Hps {
         if arenas[pos].all_given_up() {
             let gone = arenas.remove(pos);
             self.shared.forget_young(gone.id());
+            self.shared.set_range(gone.id(), None);
             drop(gone);
             if let Some(range) = range {
                 self.shared.tracker.untrack_range(range)?;

@@ -290,17 +290,29 @@ impl MinorTracker {
     }
 
     fn untrack_where(&self, which: impl Fn(&Arc<TrackedRange>) -> bool, start: usize) -> Result<()> {
-        let mut ranges = self.inner.ranges.write().expect("ranges lock");
-        let pos = ranges.iter().position(which).ok_or(Error::NotTracked(start))?;
-        let r = ranges.remove(pos);
-        for (first, count) in r.live_runs(0, r.pages()) {
-            self.inner.uffd.unregister(r.start + first * PAGE, count * PAGE)?;
+        let r = {
+            let mut ranges = self.inner.ranges.write().expect("ranges lock");
+            let pos = ranges.iter().position(which).ok_or(Error::NotTracked(start))?;
+            ranges.remove(pos)
+        };
+        let live = r.live_runs(0, r.pages());
+        // A tracking period that listed the ranges before this one went may still arm it (or
+        // a decision step collapse it): the caller is about to unmap the range, and another
+        // mapping may take its place (glibc's malloc maps its heaps without a word to anyone),
+        // whose pages MADV_DONTNEED would zero. Retiring waits for such work under way and
+        // ends it for good.
+        r.retire();
+        let mut res = Ok(());
+        for (first, count) in live {
+            if let Err(e) = self.inner.uffd.unregister(r.start + first * PAGE, count * PAGE) {
+                res = res.and(Err(e.into()));
+            }
         }
         if self.inner.delivery == Delivery::Sigbus {
             retire_slot(r.start);
         }
         self.inner.retired.lock().expect("retired lock").push(r);
-        Ok(())
+        res
     }
 
     /// Stop tracking `[addr, addr + len)` for good ([`TrackedRange::forget`]).
@@ -664,6 +676,33 @@ mod tests {
         t.untrack_range(&r_inner).unwrap();
         assert!(Arc::ptr_eq(&t.range_of(outer.addr()).unwrap(), &r_outer));
         assert_eq!(t.ranges().len(), 1);
+    }
+
+    /// A tracking period lists the ranges, then arms them one by one: a range untracked in
+    /// between (its arena freed, another mapping put where it was, as glibc's malloc maps its
+    /// heaps) must be left alone, or MADV_DONTNEED zeroes that mapping's private pages.
+    #[test]
+    fn a_range_untracked_after_a_period_listed_it_is_never_armed() {
+        let arena = TrackedArena::new("pw-minor-stale", 2 << 20).unwrap();
+        let t = MinorTracker::with_delivery(Delivery::HandlerThread).unwrap();
+        let r = t.track(arena.addr(), arena.len()).unwrap();
+        let listed = t.ranges();
+        t.untrack_range(&r).unwrap();
+        let (addr, len) = (arena.addr(), arena.len());
+        arena.give_up(addr, len).unwrap();
+        // SAFETY: the arena gave its view up; private memory replaces it in one step (no
+        // moment unmapped, so no other test's mapping can land there).
+        let other = unsafe { mem::Mapping::anonymous_at(addr, len, &mem::MapOptions::default()) }.unwrap();
+        // SAFETY: our own mapping, just made.
+        unsafe { (addr as *mut u64).add(512 * 5).write(0x5eed) };
+        for r in &listed {
+            t.arm(r, 0, r.pages()).unwrap();
+        }
+        t.settle().unwrap();
+        // SAFETY: as above.
+        assert_eq!(unsafe { (addr as *const u64).add(512 * 5).read() }, 0x5eed, "an untracked range was armed");
+        assert!(listed.iter().all(|r| !r.region_whole(0)), "an untracked range is never collapsed");
+        drop(other);
     }
 
     fn counted_once(delivery: Delivery) {

@@ -77,10 +77,12 @@ pub(super) fn move_in_due(s: &Shared) {
             let Some(&region) = arena.young_regions().first() else {
                 // Tracked from now on, if anything of it is in the memfd; else it stays young,
                 // all of it the program's private memory (every region has a hole).
+                // Not young from the moment it is tracked (the arenas lock still held): a part
+                // the program gives up meanwhile is forgotten in the tracker (`Hps::give_up`).
                 if track_moved_in(s, arena) {
-                    drop(arenas);
                     s.forget_young(id);
                 }
+                drop(arenas);
                 break;
             };
             let cpu0 = signal::thread_cpu_time();
@@ -117,8 +119,14 @@ pub(super) fn move_in_due(s: &Shared) {
 /// lock); whether it is tracked now. Nothing in the memfd (every region had a hole): no.
 fn track_moved_in(s: &Shared, arena: &TrackedArena) -> bool {
     let parts = arena.memfd_parts();
-    if parts.is_empty() || s.tracker.track_parts(arena.addr(), arena.len(), &parts).is_err() {
+    if parts.is_empty() {
         return false;
+    }
+    match s.tracker.track_parts(arena.addr(), arena.len(), &parts) {
+        Ok(range) => {
+            s.set_range(arena.id(), Some(range));
+        }
+        Err(_) => return false,
     }
     s.idle_periods.store(0, Ordering::Relaxed);
     s.new_memory.store(true, Ordering::Release);

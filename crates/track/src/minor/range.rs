@@ -25,10 +25,14 @@ pub struct TrackedRange {
     pub(super) known_resident: Table<AtomicBool>,
     /// No longer tracked (`forget`): unmapped or taken over; never armed again.
     pub(super) gone: Table<AtomicBool>,
-    /// Arming, settling and collapsing hold it shared, `forget` exclusively: once `forget`
-    /// returns, nothing the tracker does touches the forgotten pages' addresses, which the
-    /// program may unmap and the kernel give to another mapping.
+    /// Arming, settling and collapsing hold it shared, `forget` and `retire` exclusively: once
+    /// either returns, nothing the tracker does touches the forgotten pages' addresses (or any
+    /// of a retired range's), which the program may unmap and the kernel give to another
+    /// mapping.
     pub(super) ops: RwLock<()>,
+    /// Untracked ([`TrackedRange::retire`]): no page of it is armed, settled or collapsed again,
+    /// though a tracking period that listed the ranges before it went still holds it.
+    pub(super) retired: AtomicBool,
     pub(super) modes: Box<[AtomicU8]>,
     pub(super) cursor: AtomicUsize,
 }
@@ -60,6 +64,7 @@ impl TrackedRange {
             known_resident: Table::zeroed(pages)?,
             gone: Table::zeroed(pages)?,
             ops: RwLock::new(()),
+            retired: AtomicBool::new(false),
             modes: (0..regions).map(|_| AtomicU8::new(RegionMode::Sample as u8)).collect(),
             cursor: AtomicUsize::new(0),
         })
@@ -82,7 +87,21 @@ impl TrackedRange {
     /// in a hole of another, `crate::TrackedArena::at`), and a page belongs to the one that
     /// holds it.
     pub fn holds(&self, addr: usize) -> bool {
-        self.contains(addr) && !self.gone[self.page_of(addr)].load(Ordering::Relaxed)
+        self.contains(addr) && !self.is_retired() && !self.gone[self.page_of(addr)].load(Ordering::Relaxed)
+    }
+
+    /// Whether the range was untracked ([`TrackedRange::retire`]).
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
+    }
+
+    /// The range is no longer tracked (untracked: its arena freed, its memory about to be
+    /// unmapped): waits for arming, settling or collapsing under way, then none of its pages
+    /// is touched again — not even by a period that listed the ranges before it went. Pages
+    /// are not marked one by one (`forget`): a large range's tables stay unpopulated.
+    pub(super) fn retire(&self) {
+        let _ops = self.ops.write().unwrap_or_else(|e| e.into_inner());
+        self.retired.store(true, Ordering::Release);
     }
 
     /// acscount of page `i`.
@@ -136,6 +155,9 @@ impl TrackedRange {
     /// Whether every page of `region` is still tracked (none forgotten): only such a region
     /// may be collapsed.
     pub fn region_whole(&self, region: usize) -> bool {
+        if self.is_retired() {
+            return false;
+        }
         let first = region * PAGES_PER_REGION;
         (first..(first + PAGES_PER_REGION).min(self.pages())).all(|i| !self.gone[i].load(Ordering::Relaxed))
     }
@@ -148,6 +170,9 @@ impl TrackedRange {
     /// The runs `(first, count)` of pages in `[first, first + count)` still tracked.
     pub(super) fn live_runs(&self, first: usize, count: usize) -> Vec<(usize, usize)> {
         let mut runs = Vec::new();
+        if self.is_retired() {
+            return runs;
+        }
         let mut i = first;
         let end = (first + count).min(self.pages());
         while i < end {
