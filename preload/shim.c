@@ -571,6 +571,23 @@ PW_EXPORT int __register_atfork(void (*on_prepare)(void), void (*on_parent)(void
     return f(on_prepare, on_parent, on_child, dso);
 }
 
+/* Give environment entry `name` the value `value` in environ itself, not through setenv: a
+ * program may bring its own setenv and getenv, and this runs before its main. bash does: its
+ * pair keeps its shell variables, and its setenv called this early made the variable table,
+ * from which its getenv then answered alone, before main had imported the environment into
+ * it. libpagewise, whose getenv is bash's, found none of its settings ("PAGEWISE_DLM_SERVERS
+ * is not set"). The entry's string lives as long as the process, as setenv's would. */
+static void mark_environ(const char *name, const char *value) {
+    static char entry[64];
+    size_t n = strlen(name);
+    for (char **e = environ; e && *e; e++)
+        if (strncmp(*e, name, n) == 0 && (*e)[n] == '=') {
+            snprintf(entry, sizeof entry, "%s=%s", name, value);
+            *e = entry;
+            return;
+        }
+}
+
 /* Whether this process prints the end-of-run notes: the program `pagewise run` started
  * (PAGEWISE_PRELOAD_REPORT=program), and what it execs in its own place — a wrapper such as
  * pyenv's python3 script, env or nice execs the real program, whose notes are the run's — but
@@ -582,7 +599,7 @@ static int reports(void) {
     char pid[24];
     snprintf(pid, sizeof pid, "%ld", (long)getpid());
     if (strcmp(mark, "program") == 0) {
-        setenv("PAGEWISE_PRELOAD_REPORT", pid, 1);
+        mark_environ("PAGEWISE_PRELOAD_REPORT", pid);
         return 1;
     }
     return strcmp(mark, pid) == 0;

@@ -170,6 +170,26 @@ fn a_program_execd_in_the_started_ones_place_reports() {
     assert_eq!(err.matches("pagewise: dlm: ").count(), 1, "{err}");
 }
 
+/// bash brings its own getenv and setenv, which keep its shell variables, and the shim's and
+/// libpagewise's getenv is then bash's. The shim once set its report mark with setenv before
+/// bash's main: that made bash's variable table early, bash's getenv answered from it alone,
+/// and the runtime found none of its settings ("PAGEWISE_DLM_SERVERS is not set": bash itself
+/// ran with nothing routed).
+#[test]
+fn a_shell_with_its_own_getenv_gets_its_memory_routed() {
+    ensure_libpagewise();
+    let script = r#"x=$(seq 1 200000 | tr "\n" " "); echo ${#x}"#;
+    let run = under_run(&["--local-mem", "1M", "--min-alloc", "16K"], Path::new("/bin/bash"), &["-c", script]);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{:?}\n{err}", run.status);
+    assert_eq!(String::from_utf8_lossy(&run.stdout), "1288895\n", "{err}");
+    assert!(!err.contains("nothing is routed"), "{err}");
+    let routed = err
+        .lines()
+        .find_map(|l| l.strip_prefix("pagewise: ")?.split(" allocation(s) on dlm memory").next()?.parse::<u64>().ok());
+    assert!(routed.is_some_and(|n| n > 0), "bash routed nothing:\n{err}");
+}
+
 #[test]
 fn unreachable_servers_are_reported_before_the_program_starts() {
     ensure_libpagewise();
