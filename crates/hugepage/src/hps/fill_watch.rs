@@ -108,11 +108,9 @@ impl FillWatch {
             fronts.rotate_left(1);
         }
         for (addr, f, taken) in fronts.iter_mut().filter(|(_, f, _)| f.active()) {
-            let (Some(arena), Some(range)) =
-                (arenas.iter().find(|a| a.view_addr() == *addr), s.tracker.range_of(*addr))
-            else {
-                continue;
-            };
+            // The arena's own range, not the one holding `addr`: arenas' spans overlap.
+            let Some(arena) = arenas.iter().find(|a| a.view_addr() == *addr) else { continue };
+            let Some(range) = s.range_of_arena(arena.id()) else { continue };
             out.clear();
             changed |= f.check(&mut Probe(arena), &mut budget, &mut out);
             for advice in &out {
