@@ -263,6 +263,15 @@ impl Shared {
         self.ranges.lock().expect("ranges lock").get(&id).cloned()
     }
 
+    /// The tracked range of arena `id`, which holds `addr`: None while the arena is young
+    /// (never tracked). Under the arenas lock, which decides between the two (`hps/late.rs`).
+    fn range_unless_young(&self, id: usize, addr: usize) -> Result<Option<Arc<pagewise_track::TrackedRange>>> {
+        if self.is_young(id) {
+            return Ok(None);
+        }
+        Ok(Some(self.range_of_arena(id).ok_or(pagewise_track::Error::NotTracked(addr))?))
+    }
+
     /// Record arena `id`'s range (None: forget it); returns what was recorded before.
     fn set_range(
         &self,
@@ -493,11 +502,7 @@ impl Hps {
         // The tracker lets go first: no arming or collapsing of the range from here on. Its
         // range is taken now: once forgotten, the pages no longer say which range they were
         // (another's may span them too, `TrackedRange::holds`). A young arena has none.
-        let range = if self.shared.is_young(a.id()) {
-            None
-        } else {
-            Some(self.shared.range_of_arena(a.id()).ok_or(pagewise_track::Error::NotTracked(addr))?)
-        };
+        let range = self.shared.range_unless_young(a.id(), addr)?;
         if let Some(r) = &range {
             r.forget(r.page_of(addr), len.div_ceil(PAGE));
         }
@@ -534,11 +539,7 @@ impl Hps {
     fn give_up(&self, addr: usize, len: usize, then: impl FnOnce(usize, usize) -> Result<()>) -> Result<()> {
         let mut arenas = self.shared.arenas.lock().expect("arenas lock");
         let a = arenas.iter().find(|a| a.owns(addr, len)).ok_or(pagewise_track::Error::NotTracked(addr))?;
-        let range = if self.shared.is_young(a.id()) {
-            None
-        } else {
-            Some(self.shared.range_of_arena(a.id()).ok_or(pagewise_track::Error::NotTracked(addr))?)
-        };
+        let range = self.shared.range_unless_young(a.id(), addr)?;
         self.give_up_locked(&mut arenas, range.as_ref(), addr, len, then)
     }
 
