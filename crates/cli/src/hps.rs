@@ -48,6 +48,13 @@ enum Command {
         /// Promote a 2 MiB region when at least this fraction of its observed pages is hot.
         #[arg(long, default_value_t = 0.25)]
         promote_fraction: f64,
+        /// Promote a region only once the program's data fills at least this fraction of its
+        /// pages. A collapse gives the region every page it lacks, zeroed: memory the program
+        /// never asked for, which is THP's bloat (THP always fills from the first touch). 1,
+        /// the default: only full regions, so HPS adds no memory; a region still filling (the
+        /// end of a growing heap) is promoted once full.
+        #[arg(long, value_name = "FRACTION", default_value_t = 1.0)]
+        min_filled: f64,
         /// Most CPU time promotion may take, as a share of the program's run so far: a
         /// collapse costs 0.6–5 ms here, and a program that ends soon after gets nothing back
         /// for it. 1 promotes as soon as a region is found hot (after the ramp). Tracking (the
@@ -120,6 +127,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Run {
             min_alloc,
             promote_fraction,
+            min_filled,
             pace,
             pace_ramp,
             interval_ms,
@@ -134,7 +142,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             let first_touch = if no_first_touch { "never".to_string() } else { first_touch };
             let late_routing = parse_late_routing(&late_routing)?;
             let placement = Placement { colocate: !no_colocate, first_touch, on_fork, track_placed, late_routing };
-            run_program(&min_alloc, promote_fraction, (pace, pace_ramp), interval_ms, placement, &program)
+            let rule = (promote_fraction, min_filled);
+            run_program(&min_alloc, rule, (pace, pace_ramp), interval_ms, placement, &program)
         }
         Command::Report { pid, active_only } => {
             anyhow::ensure!(pid > 0, "--pid must be a positive process id");
@@ -193,7 +202,7 @@ fn parse_late_routing(s: &str) -> anyhow::Result<Option<f64>> {
 /// `pagewise hps run`: the program under the shim with the HPS arena.
 fn run_program(
     min_alloc: &str,
-    promote_fraction: f64,
+    (promote_fraction, min_filled): (f64, f64),
     (pace, pace_ramp): (f64, f64),
     interval_ms: u32,
     placement: Placement,
@@ -205,6 +214,7 @@ fn run_program(
         promote_fraction > 0.0 && promote_fraction <= 1.0,
         "--promote-fraction {promote_fraction} must be in (0, 1]"
     );
+    anyhow::ensure!((0.0..=1.0).contains(&min_filled), "--min-filled {min_filled} must be in [0, 1]");
     anyhow::ensure!(interval_ms > 0, "--interval-ms must be positive");
     anyhow::ensure!(pace > 0.0 && pace <= 1.0, "--pace {pace} must be in (0, 1]");
     anyhow::ensure!((0.0..=86_400.0).contains(&pace_ramp), "--pace-ramp {pace_ramp} must be 0 to 86400 seconds");
@@ -231,6 +241,7 @@ fn run_program(
         .env("PAGEWISE_PRELOAD_FORK", &placement.on_fork)
         .env("PAGEWISE_PRELOAD_REPORT", "program")
         .env("PAGEWISE_HPS_PROMOTE_FRACTION", promote_fraction.to_string())
+        .env("PAGEWISE_HPS_MIN_FILLED", min_filled.to_string())
         .env("PAGEWISE_HPS_INTERVAL_MS", interval_ms.to_string())
         .env("PAGEWISE_HPS_PACE", pace.to_string())
         .env("PAGEWISE_HPS_PACE_RAMP_S", pace_ramp.to_string())

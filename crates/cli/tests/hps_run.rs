@@ -154,6 +154,43 @@ fn hot_array_gives_the_same_checksum_and_gets_hugepages() {
     hot_array_under_hps(&["--no-first-touch"]);
 }
 
+/// A collapse gives a region every page the program never touched: by default HPS promotes
+/// only full regions, so the four the program fills get hugepages and the four it half fills,
+/// as hot, do not (the report says promotions waited for them); with `--min-filled 0` they do.
+#[test]
+fn only_regions_the_program_filled_get_hugepages_unless_told_otherwise() {
+    let pmd_of = |err: &str| -> u64 {
+        err.lines()
+            .find_map(|l| l.strip_prefix("half_filled: ShmemPmdMapped ")?.strip_suffix(" kB")?.parse().ok())
+            .unwrap_or_else(|| panic!("no ShmemPmdMapped line:\n{err}"))
+    };
+    let waited = |err: &str| -> u64 {
+        err.lines()
+            .find_map(|l| {
+                let part = l.split("; ").find(|p| p.ends_with(" promotion(s) waited for a region to fill"))?;
+                part.split(' ').next()?.parse().ok()
+            })
+            .unwrap_or_else(|| panic!("no count of promotions waiting for a fill:\n{err}"))
+    };
+    // The full regions' 8 MiB within 60 s, then 3 s more in which the half-filled stay small.
+    let Some((direct, run, err)) =
+        direct_and_under_hps_with("half_filled", &[], &["0", "0", "0"], &["60", "8192", "3"])
+    else {
+        return;
+    };
+    assert_eq!(run.stdout, direct.stdout, "{err}");
+    assert_eq!(pmd_of(&err), 8192, "not exactly the four full regions promoted:\n{err}");
+    assert!(waited(&err) >= 1, "the half-filled regions were never found hot:\n{err}");
+    let Some((_, run, err)) =
+        direct_and_under_hps_with("half_filled", &["--min-filled", "0"], &["0", "0", "0"], &["60", "16384", "0"])
+    else {
+        return;
+    };
+    assert_eq!(run.stdout, direct.stdout, "{err}");
+    assert_eq!(pmd_of(&err), 16384, "with --min-filled 0 every hot region is promoted:\n{err}");
+    assert_eq!(waited(&err), 0, "{err}");
+}
+
 /// First-touch hugepages: hot_array writes its 64 MiB front to back, so the regions ahead of
 /// the fill are advised and get their hugepages when first written (the kernel's count), and
 /// the checksum is the plain run's.
@@ -262,6 +299,8 @@ fn bad_flags_are_refused() {
     for flags in [
         &["--min-alloc", "1K"][..],
         &["--promote-fraction", "1.5"],
+        &["--min-filled", "-0.1"],
+        &["--min-filled", "2"],
         &["--min-alloc", "lots"],
         &["--pace", "0"],
         &["--pace", "2"],

@@ -151,6 +151,8 @@ pub struct HpsStats {
     pub collapse_failures: u64,
     /// Promotions the pace put off to a later decision step ([`HpsConfig::pace`]).
     pub paced_promotions: u64,
+    /// Promotions put off because the region held too little data ([`RegionRule::min_filled`]).
+    pub unfilled_promotions: u64,
     /// Tracking periods the tracking pace skipped ([`HpsConfig::track_pace`]).
     pub paced_periods: u64,
     /// Late routing ([`HpsConfig::late_routing`]): arenas made young, regions moved into
@@ -232,6 +234,8 @@ struct Shared {
     collapse_failures: AtomicU64,
     /// Promotions put off by the pace.
     paced: AtomicU64,
+    /// Promotions put off because the region was not filled enough ([`RegionRule::min_filled`]).
+    unfilled: AtomicU64,
     /// Tracking periods skipped by tracking's pace.
     paced_periods: AtomicU64,
     /// [`HpsStats::serving_since_ns`]; `u64::MAX`: not serving.
@@ -297,8 +301,15 @@ pub struct Hps {
 impl Hps {
     /// Start HPS: open the tracker and start the tracking thread (tracking on).
     pub fn start(cfg: HpsConfig) -> Result<Self> {
-        if !(0.0..=1.0).contains(&cfg.rule.promote_fraction) || cfg.sample_pages == 0 || cfg.budget_pages == 0 {
-            return Err(Error::Invalid("promote_fraction must be in [0,1], sample and budget pages > 0".into()));
+        let fraction = |f: f64| (0.0..=1.0).contains(&f);
+        if !fraction(cfg.rule.promote_fraction)
+            || !fraction(cfg.rule.min_filled)
+            || cfg.sample_pages == 0
+            || cfg.budget_pages == 0
+        {
+            return Err(Error::Invalid(
+                "promote_fraction and min_filled must be in [0,1], sample and budget pages > 0".into(),
+            ));
         }
         let sig = signal::rt_signal(cfg.signal_offset)?;
         let budget = match cfg.host_hugepages {
@@ -347,6 +358,7 @@ impl Hps {
             compacted: AtomicU64::new(0),
             collapse_failures: AtomicU64::new(0),
             paced: AtomicU64::new(0),
+            unfilled: AtomicU64::new(0),
             paced_periods: AtomicU64::new(0),
             serving_since_ns: AtomicU64::new(u64::MAX),
             fill: match first_touch {
@@ -707,6 +719,7 @@ impl Hps {
             compacted_pages: s.compacted.load(Ordering::Relaxed),
             collapse_failures: s.collapse_failures.load(Ordering::Relaxed),
             paced_promotions: s.paced.load(Ordering::Relaxed),
+            unfilled_promotions: s.unfilled.load(Ordering::Relaxed),
             paced_periods: s.paced_periods.load(Ordering::Relaxed),
             moved_in_regions: s.moved_regions.load(Ordering::Relaxed),
             moved_in_pages: s.moved_pages.load(Ordering::Relaxed),

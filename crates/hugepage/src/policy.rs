@@ -8,6 +8,12 @@
 //! the active fraction among observed pages estimates the region's. An estimate below the
 //! threshold is not enough to compact (compaction must know every hot page), so such a region
 //! is first observed whole (`ObserveFully`), and compacted once every page has been seen.
+//!
+//! A collapse also gives the region every page the program never touched, zeroed: that is
+//! THP's memory bloat. The paper's programs filled their memory; a program nobody tuned may
+//! not (the last regions of a growing heap, a buffer written front to back), so a promotion
+//! may wait until the region holds data in at least `min_filled` of its pages
+//! ([`filled_enough`]); `pagewise hps run` waits for all of them, and adds no memory.
 
 /// What the tracker knows about one 2 MiB region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,12 +46,21 @@ pub struct RegionRule {
     pub promote_fraction: f64,
     /// Do not judge a region on fewer observed pages than this.
     pub min_observed: u32,
+    /// Collapse a region only once this fraction of its pages holds data (0: whatever it
+    /// holds, the seed's rule; 1: only a full region, so a promotion adds no memory).
+    pub min_filled: f64,
 }
 
 impl Default for RegionRule {
     fn default() -> Self {
-        RegionRule { promote_fraction: 0.25, min_observed: 32 }
+        RegionRule { promote_fraction: 0.25, min_observed: 32, min_filled: 0.0 }
     }
+}
+
+/// May a region with data in `resident` of its `total` pages be collapsed? Whatever it lacks
+/// the collapse allocates and zeroes: memory the program never asked for.
+pub fn filled_enough(resident: u32, total: u32, rule: &RegionRule) -> bool {
+    resident.min(total) as f64 >= rule.min_filled * total as f64
 }
 
 /// The seed's rule, on what was observed.
@@ -479,7 +494,7 @@ mod tests {
         fn decisions_follow_the_threshold(total in 1u32..1024, obs_frac in 0.0f64..=1.0, act_frac in 0.0f64..=1.0, f in 0.01f64..1.0) {
             let observed = (total as f64 * obs_frac) as u32;
             let active = (observed as f64 * act_frac) as u32;
-            let rule = RegionRule { promote_fraction: f, min_observed: 32 };
+            let rule = RegionRule { promote_fraction: f, min_observed: 32, min_filled: 0.0 };
             let d = decide(&RegionView { total, observed, active }, &rule);
             match d {
                 Decision::Promote => prop_assert!(active > 0 && active as f64 >= f * observed as f64),
@@ -491,6 +506,21 @@ mod tests {
             if d == Decision::Promote && active < observed {
                 prop_assert_eq!(decide(&RegionView { total, observed, active: active + 1 }, &rule), Decision::Promote);
             }
+        }
+
+        #[test]
+        fn a_promotion_adds_at_most_what_the_rule_allows(total in 1u32..1024, resident in 0u32..1100, m in 0.0f64..=1.0) {
+            let rule = RegionRule { min_filled: m, ..RegionRule::default() };
+            let ok = filled_enough(resident, total, &rule);
+            // Allowed: the zeroed pages a collapse adds are at most (1 - m) of the region.
+            if ok { prop_assert!(f64::from(total - resident.min(total)) <= (1.0 - m) * f64::from(total) + 1e-9); }
+            // A full region is always enough; with m = 1 nothing else is, with m = 0 anything.
+            prop_assert!(filled_enough(total, total, &rule));
+            if m == 0.0 { prop_assert!(ok); }
+            let full_only = RegionRule { min_filled: 1.0, ..rule };
+            if resident < total { prop_assert!(!filled_enough(resident, total, &full_only)); }
+            // Monotone in what the region holds.
+            if ok { prop_assert!(filled_enough(resident + 1, total, &rule)); }
         }
 
         #[test]

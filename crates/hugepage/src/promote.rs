@@ -38,6 +38,15 @@ pub fn collapse(addr: usize) -> Result<Duration> {
     Ok(t.elapsed())
 }
 
+/// Pages of the 2 MiB region at `addr` that hold data (mincore(2): for the shared memfd
+/// arenas, pages in the file, mapped or not; a page armed for tracking is still there), i.e.
+/// what a collapse would not have to allocate ([`crate::policy::filled_enough`]).
+pub fn resident_pages(addr: usize) -> Result<u32> {
+    let mut present = [0u8; HUGE_PMD / 4096];
+    mem::mincore(addr, HUGE_PMD, &mut present)?;
+    Ok(present.iter().filter(|b| *b & 1 != 0).count() as u32)
+}
+
 /// PMD-mapped bytes of the VMA containing `addr`, from /proc/self/smaps: `ShmemPmdMapped` plus
 /// `AnonHugePages` plus hugetlb.
 pub fn pmd_mapped_bytes(addr: usize) -> Result<u64> {

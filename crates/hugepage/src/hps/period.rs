@@ -135,6 +135,13 @@ pub(super) fn process(s: &Shared) -> Result<Outcome> {
                     r.set_mode(region, RegionMode::Skip);
                     continue;
                 }
+                if !filled(addr, &cfg.rule) {
+                    // Sampled on and promoted once filled: not a deferral, which would keep
+                    // tracking from converging on a region the program may never fill.
+                    r.set_mode(region, RegionMode::Sample);
+                    s.unfilled.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
                 match try_promote(s, addr)? {
                     PromoteResult::Done => {
                         r.set_mode(region, RegionMode::Skip);
@@ -190,6 +197,16 @@ pub(super) fn process(s: &Shared) -> Result<Outcome> {
     }
     s.deferrals.fetch_add(u64::from(out.deferred), Ordering::Relaxed);
     Ok(out)
+}
+
+/// Does the region at `addr` hold enough data to be collapsed ([`policy::filled_enough`])?
+/// A region mincore(2) cannot look at is left alone.
+fn filled(addr: usize, rule: &policy::RegionRule) -> bool {
+    if rule.min_filled <= 0.0 {
+        return true;
+    }
+    let total = (HUGE_PMD / PAGE) as u32;
+    promote::resident_pages(addr).is_ok_and(|resident| policy::filled_enough(resident, total, rule))
 }
 
 enum PromoteResult {
