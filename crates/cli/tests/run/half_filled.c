@@ -1,5 +1,6 @@
-/* A malloc'd block of 8 regions (2 MiB each) whose first four the program fills and whose last
- * four it fills half of (the first 1 MiB of each), all of it worked on hard. Run with
+/* A malloc'd block of 8 regions (2 MiB each; under `pagewise hps run` a block this large is an
+ * arena of its own, which starts on a 2 MiB boundary) whose first four the program fills and
+ * whose last four it fills half of (the first 1 MiB of each), all of it worked on hard. Run with
  * WAIT_SECONDS and TARGET_KB: it keeps working until its memory shows TARGET_KB of PMD-mapped
  * shared memory (/proc/self/smaps_rollup ShmemPmdMapped: regions HPS promoted) or WAIT_SECONDS
  * pass, then on for SETTLE_SECONDS (HPS may promote more meanwhile), and prints what is
