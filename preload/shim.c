@@ -43,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -605,9 +606,22 @@ static int reports(void) {
     return strcmp(mark, pid) == 0;
 }
 
+/* Where the shim's own descriptor goes (as crates/kernel/src/fd.rs out_of_the_way_floor places
+ * the runtime's): 128 below the soft RLIMIT_NOFILE counted from at most 1024, or half a limit
+ * under 256. A program places its own descriptors by number (bash's `exec 3>file` is dup2
+ * onto 3), and a dup2 onto the shim's copy of stderr sent its end-of-run report into the
+ * program's file. */
+static int out_of_the_way_floor(void) {
+    struct rlimit l;
+    rlim_t soft = getrlimit(RLIMIT_NOFILE, &l) == 0 ? l.rlim_cur : 1024;
+    if (soft > 1024)
+        soft = 1024;
+    return soft >= 256 ? (int)soft - 128 : (int)soft / 2;
+}
+
 __attribute__((constructor)) static void shim_init(void) {
     pw_in_shim++;
-    int fd = fcntl(2, F_DUPFD_CLOEXEC, 3);
+    int fd = fcntl(2, F_DUPFD_CLOEXEC, out_of_the_way_floor());
     if (fd >= 0)
         errfd = fd;
     const char *name = getenv("PAGEWISE_PRELOAD_ARENA");

@@ -190,6 +190,29 @@ fn a_shell_with_its_own_getenv_gets_its_memory_routed() {
     assert!(routed.is_some_and(|n| n > 0), "bash routed nothing:\n{err}");
 }
 
+/// A program places its own descriptors by number (bash's `exec N>file` is dup2 onto N, which
+/// closes what was there). The runtime's userfaultfd and server connections once held the
+/// lowest numbers after the program's, 3 to 9 here: bash redirecting 3 to 9 replaced them,
+/// every routed range was unregistered with the userfaultfd, and the run died (or bash read
+/// zeros where its data was). They live far above now, and bash's memory comes back right.
+#[test]
+fn a_program_placing_descriptors_by_number_keeps_its_memory_routed() {
+    ensure_libpagewise();
+    // Routed memory first (the runtime starts with the first routed allocation), then 3 to 9
+    // redirected, then the same work twice more, compared.
+    let script = r#"x=$(seq 1 100000 | tr "\n" " ")
+exec 3>/dev/null 4>/dev/null 5>/dev/null 6>/dev/null 7>/dev/null 8>/dev/null 9>/dev/null
+x=$(seq 1 200000 | tr "\n" " "); y=$(seq 1 200000 | tr "\n" " "); [ "$x" = "$y" ] && echo ${#x}"#;
+    let run = under_run(&["--local-mem", "1M", "--min-alloc", "16K"], Path::new("/bin/bash"), &["-c", script]);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{:?}\n{err}", run.status);
+    assert_eq!(String::from_utf8_lossy(&run.stdout), "1288895\n", "{err}");
+    let routed = err
+        .lines()
+        .find_map(|l| l.strip_prefix("pagewise: ")?.split(" allocation(s) on dlm memory").next()?.parse::<u64>().ok());
+    assert!(routed.is_some_and(|n| n > 0), "bash routed nothing:\n{err}");
+}
+
 #[test]
 fn unreachable_servers_are_reported_before_the_program_starts() {
     ensure_libpagewise();

@@ -104,7 +104,8 @@ impl TcpTransport {
     /// A TCP connection without the handshake: [`TcpTransport::open`] is what clients use.
     pub fn connect(addr: &str) -> io::Result<Self> {
         let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
-        let stream = TcpStream::connect(&addrs[..])?;
+        // A program's own descriptors are placed by number: keep the connection off them.
+        let stream = TcpStream::from(pagewise_kernel::fd::out_of_the_way(TcpStream::connect(&addrs[..])?.into()));
         stream.set_nodelay(true)?;
         Ok(TcpTransport {
             stream,

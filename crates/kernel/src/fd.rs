@@ -1,5 +1,5 @@
 //! File-descriptor plumbing that is not specific to one memory interface: pipes, poll(2),
-//! and advisory file locks (flock(2)).
+//! advisory file locks (flock(2)), and moving a runtime's descriptors out of a program's way.
 //!
 //! Errors name the syscall ([`Error::Syscall`]); EINTR is retried where a caller could do
 //! nothing else with it. [`write_signal_safe`] is the one function here that may be called from
@@ -20,6 +20,37 @@ pub fn pipe() -> Result<(OwnedFd, OwnedFd)> {
     }
     // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Move `fd` to the lowest free number at or above [`out_of_the_way_floor`] (fcntl
+/// F_DUPFD_CLOEXEC), closing the original. A runtime inside a program it did not write
+/// (`pagewise run`, `pagewise hps run`) would otherwise hold the lowest numbers, the ones a
+/// program places its own descriptors on by number: bash's `exec 4>file`, a daemon's dup2
+/// onto 3. dup2 closes what it replaces, and for a userfaultfd that unregisters every range
+/// with it. Best effort: where nothing up there is free, `fd` is returned as it was.
+pub fn out_of_the_way(fd: OwnedFd) -> OwnedFd {
+    // SAFETY: F_DUPFD_CLOEXEC on a descriptor we own returns a new one or -1.
+    let moved = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, out_of_the_way_floor()) };
+    if moved < 0 {
+        return fd;
+    }
+    // SAFETY: `moved` is fresh and ours; dropping `fd` closes the original.
+    unsafe { OwnedFd::from_raw_fd(moved) }
+}
+
+/// Where [`out_of_the_way`] starts looking: 128 below the soft RLIMIT_NOFILE, counted from at
+/// most 1024 (a larger limit would make the kernel grow the descriptor table that far, and
+/// select(2) stops at 1024), or half a limit under 256.
+pub fn out_of_the_way_floor() -> RawFd {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: lim is a valid out-struct.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 { lim.rlim_cur } else { 1024 };
+    let soft = soft.min(1024) as RawFd;
+    if soft >= 256 {
+        soft - 128
+    } else {
+        soft / 2
+    }
 }
 
 /// read(2) into `buf` once, retrying EINTR. `Ok(0)` is end of file (every write end closed).
@@ -122,6 +153,20 @@ pub fn try_lock_exclusive(file: &File) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_descriptor_moved_out_of_the_way_is_the_same_file_high_up_and_close_on_exec() {
+        let (r, w) = pipe().unwrap();
+        let w = out_of_the_way(w);
+        let floor = out_of_the_way_floor();
+        assert!(w.as_raw_fd() >= floor && floor > 2, "moved to {} (floor {floor})", w.as_raw_fd());
+        // SAFETY: F_GETFD on a descriptor we own only reads its flags.
+        assert_eq!(unsafe { libc::fcntl(w.as_raw_fd(), libc::F_GETFD) } & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
+        assert_eq!(write(&w, b"x").unwrap(), 1);
+        let mut buf = [0u8; 1];
+        assert_eq!(read(&r, &mut buf).unwrap(), 1);
+        assert_eq!(&buf, b"x");
+    }
 
     #[test]
     fn a_pipe_carries_bytes_and_reports_end_of_file() {

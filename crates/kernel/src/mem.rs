@@ -535,8 +535,9 @@ pub fn memfd_create(name: &str, hugetlb: Option<usize>) -> Result<OwnedFd> {
     if fd < 0 {
         return Err(Error::last_os("memfd_create"));
     }
-    // SAFETY: fd is a fresh descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    // SAFETY: fd is a fresh descriptor we own. Out of a program's way: a runtime keeps some
+    // open as long as their memory (crate::fd::out_of_the_way).
+    Ok(crate::fd::out_of_the_way(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
 /// ftruncate(2): set a memfd's size.

@@ -382,7 +382,9 @@ pub struct ThreadCount {
 
 impl ThreadCount {
     pub fn open() -> Result<Self> {
-        Ok(ThreadCount { task_dir: open("/proc/self/task")? })
+        // Kept open while the program runs: out of its way (crate::fd::out_of_the_way).
+        let task_dir = crate::fd::out_of_the_way(open("/proc/self/task")?.into());
+        Ok(ThreadCount { task_dir: task_dir.into() })
     }
 
     pub fn get(&self) -> Result<u32> {

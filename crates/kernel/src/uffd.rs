@@ -277,7 +277,7 @@ fn open_raw(nonblocking: bool, user_mode_only: bool) -> Result<OwnedFd> {
     let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
     if fd >= 0 {
         // SAFETY: fd is fresh and ours.
-        return Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
+        return Ok(crate::fd::out_of_the_way(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }));
     }
     let syscall_err = Error::last_os("userfaultfd");
     // /dev/userfaultfd (Linux 6.1) is the other way in, governed by file permissions.
@@ -290,7 +290,7 @@ fn open_raw(nonblocking: bool, user_mode_only: bool) -> Result<OwnedFd> {
         return Err(Error::last_os("ioctl(/dev/userfaultfd, USERFAULTFD_IOC_NEW)"));
     }
     // SAFETY: fd is fresh and ours.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    Ok(crate::fd::out_of_the_way(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
 /// Whether this process may open a userfaultfd that also serves the faults the kernel takes on

@@ -32,7 +32,10 @@ extern "C" fn on_signal(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
 
 impl Hps {
     pub(super) fn start_service(&self) -> Result<()> {
+        // Out of the program's way: the signal handler writes to the pipe by number, and a
+        // program's dup2 onto that number would have it write into the program's file.
         let (read_end, write_end) = fd::pipe()?;
+        let (read_end, write_end) = (fd::out_of_the_way(read_end), fd::out_of_the_way(write_end));
         HANDLER_PIPE.store(write_end.as_raw_fd(), Ordering::Release);
         signal::install_handler(self.shared.sig, on_signal)?;
         let s = self.shared.clone();
