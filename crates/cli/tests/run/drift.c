@@ -13,21 +13,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "shmem_pmd.h"
+
 #define N (64UL << 20)
 #define HOT (8UL << 20)
-
-static long shmem_pmd_kb(void) {
-    FILE *f = fopen("/proc/self/smaps_rollup", "r");
-    char line[256];
-    long kb = 0;
-    if (!f)
-        return 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "ShmemPmdMapped: %ld kB", &kb) == 1)
-            break;
-    fclose(f);
-    return kb;
-}
 
 static int converged(void) {
     char path[64], line[128];

@@ -10,22 +10,11 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "shmem_pmd.h"
+
 #define REGION (2UL << 20)
 #define REGIONS 8
 #define PAGE 4096UL
-
-static long shmem_pmd_kb(void) {
-    FILE *f = fopen("/proc/self/smaps_rollup", "r");
-    char line[256];
-    long kb = 0;
-    if (!f)
-        return 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "ShmemPmdMapped: %ld kB", &kb) == 1)
-            break;
-    fclose(f);
-    return kb;
-}
 
 /* How much of region r the program uses: all of the first half of the block, half of the rest. */
 static size_t used(int r) { return r < REGIONS / 2 ? REGION : REGION / 2; }

@@ -9,21 +9,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "shmem_pmd.h"
+
 #define N (64UL << 20) /* 64 MiB */
 #define HOT (N / 8)
-
-static long shmem_pmd_kb(void) {
-    FILE *f = fopen("/proc/self/smaps_rollup", "r");
-    char line[256];
-    long kb = 0;
-    if (!f)
-        return 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "ShmemPmdMapped: %ld kB", &kb) == 1)
-            break;
-    fclose(f);
-    return kb;
-}
 
 static void cpus_allowed(char *out, size_t len) {
     FILE *f = fopen("/proc/self/status", "r");
