@@ -29,6 +29,8 @@
  *   freed. The child forgets the routed ranges (their addresses are its plain memory).
  * - Exit: the destructor reports and stops new routing; memory stays valid while other
  *   threads run on through exit().
+ * - Descriptors: the runtime's (and the shim's copy of stderr) are out of the program's reach:
+ *   its close, close_range, closefrom, dup2 and dup3 leave them alone (fds.c).
  * - listen(2) is watched, not changed: a program that listens is a server, and the arena
  *   may treat it as one (HPS gives its promotion the whole pace share at once).
  */
@@ -49,7 +51,6 @@
 
 #include "shim.h"
 
-#define PW_EXPORT __attribute__((visibility("default")))
 
 extern void *__libc_malloc(size_t);
 extern void __libc_free(void *);
@@ -534,6 +535,7 @@ static void child(void) {
     pw_ranges_clear(&pw_reserved);
     pw_tables_changed();
     pthread_mutex_unlock(&pw_lock);
+    pw_fds_close_in_child(errfd);
 }
 
 /* pthread_atfork(3) registrations, the program's and its libraries' as well as the shim's
@@ -622,8 +624,10 @@ static int out_of_the_way_floor(void) {
 __attribute__((constructor)) static void shim_init(void) {
     pw_in_shim++;
     int fd = fcntl(2, F_DUPFD_CLOEXEC, out_of_the_way_floor());
-    if (fd >= 0)
+    if (fd >= 0) {
         errfd = fd;
+        pw_fds_guard(fd);
+    }
     const char *name = getenv("PAGEWISE_PRELOAD_ARENA");
     const char *libpath = getenv("PAGEWISE_PRELOAD_LIB");
     const char *min = getenv("PAGEWISE_PRELOAD_MIN_ALLOC");

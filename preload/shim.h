@@ -14,6 +14,9 @@
 
 #define PW_PAGE 4096UL
 
+/* What the shim defines for the program: every other symbol of it is hidden. */
+#define PW_EXPORT __attribute__((visibility("default")))
+
 /* S_OFF: not started (or failed): nothing is routed. S_ON: routing. S_CHILD: a child made by
  * fork(2): the areas are its own plain copies (HPS) or not here (DLM: MADV_DONTFORK), nothing
  * is routed and the parent's arena is never called. S_DOWN: the program is exiting (the destructor ran while other threads may
@@ -54,6 +57,12 @@ extern _Atomic unsigned long pw_routed_bytes, pw_routed_peak;
 void pw_count_routed(size_t len);
 
 static inline size_t pw_page_up(size_t n) { return (n + PW_PAGE - 1) & ~(PW_PAGE - 1); }
+
+/* Descriptors (fds.c): keep `fd`, one of the runtime's or the shim's own, from the program's
+ * close, close_range, closefrom, dup2 and dup3; and, in a child made by fork(2), close the
+ * runtime's copies but `keep`. */
+void pw_fds_guard(int fd);
+void pw_fds_close_in_child(int keep);
 
 /* Write a note on the shim's own copy of stderr. */
 void pw_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

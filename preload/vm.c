@@ -39,8 +39,6 @@
 
 #include "shim.h"
 
-#define PW_EXPORT __attribute__((visibility("default")))
-
 #ifndef MAP_FIXED_NOREPLACE
 #define MAP_FIXED_NOREPLACE 0x100000
 #endif

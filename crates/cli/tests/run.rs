@@ -3,6 +3,7 @@
 //! to and from a memory server — a matrix multiply and a stencil on malloc'd arrays, a large
 //! static array under --bss, fork + exec, fork without exec, threads, read(2)/fread into DLM memory, and
 //! reservations unmapped, moved from and committed as the kernel keeps their mappings. Also:
+//! a program that closes every descriptor keeps its memory, and
 //! unreachable servers are reported before the program starts, a program with no eligible
 //! allocation runs normally with a warning, the tuner's decisions are the started
 //! program's even when a process it started ends later, and the private directory of a run
@@ -214,6 +215,34 @@ x=$(seq 1 200000 | tr "\n" " "); y=$(seq 1 200000 | tr "\n" " "); [ "$x" = "$y" 
     let run = under_run(&["--local-mem", "1M", "--min-alloc", "16K"], Path::new("/bin/bash"), &["-c", script]);
     // The report is checked too: it once went into the script's file on 3.
     assert_bash_counted_and_routed(&run);
+}
+
+/// A daemon closes every descriptor it did not open (close_range, closefrom, close on what
+/// /proc/self/fd lists) while its memory is in use. That once closed the runtime's too: the
+/// run died of SIGABRT ("reading the userfaultfd failed: Bad file descriptor") under
+/// `pagewise run`, and the end-of-run report was lost under both. Now the runtime's
+/// descriptors are outside the program's reach (close and dup2 onto them: EBADF), its memory
+/// comes back right under both, the report is there, and a forked child holds none of them.
+#[test]
+fn a_program_closing_every_descriptor_keeps_its_memory_and_the_report() {
+    ensure_libpagewise();
+    let scratch = tempdir("close-all");
+    let prog = compile("close_all", scratch.path());
+    let direct = Command::new(&prog).output().unwrap();
+    assert!(direct.status.success(), "close_all on its own: {direct:?}");
+    let expected = String::from_utf8_lossy(&direct.stdout).into_owned();
+    assert!(expected.contains("within reach after closing all: 0") && expected.contains("child: 0"), "{expected}");
+    let wrappers: [(&[&str], &str); 2] = [
+        (&["run", "--spawn-servers", "1", "--local-mem", "8M", "--min-alloc", "1M"], "dlm"),
+        (&["hps", "run", "--min-alloc", "1M"], "hps"),
+    ];
+    for (wrapper, arena) in wrappers {
+        let run = Command::new(pagewise()).args(wrapper).arg("--").arg(&prog).output().unwrap();
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert!(run.status.success(), "{wrapper:?}: {:?}\n{err}", run.status);
+        assert_eq!(String::from_utf8_lossy(&run.stdout), expected, "{wrapper:?}: {err}");
+        assert!(err.contains(&format!("2 allocation(s) on {arena} memory")), "{wrapper:?}: no report:\n{err}");
+    }
 }
 
 #[test]

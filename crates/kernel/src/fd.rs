@@ -28,14 +28,34 @@ pub fn pipe() -> Result<(OwnedFd, OwnedFd)> {
 /// program places its own descriptors on by number: bash's `exec 4>file`, a daemon's dup2
 /// onto 3. dup2 closes what it replaces, and for a userfaultfd that unregisters every range
 /// with it. Best effort: where nothing up there is free, `fd` is returned as it was.
+///
+/// When the preload shim is in the process, the descriptor is also registered with it
+/// (preload/fds.c): the program's close, close_range, closefrom, dup2 and dup3 then leave it
+/// alone, as a daemon closing every descriptor it did not open would otherwise close it too.
 pub fn out_of_the_way(fd: OwnedFd) -> OwnedFd {
     // SAFETY: F_DUPFD_CLOEXEC on a descriptor we own returns a new one or -1.
     let moved = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, out_of_the_way_floor()) };
-    if moved < 0 {
-        return fd;
+    let fd = if moved < 0 {
+        fd
+    } else {
+        // SAFETY: `moved` is fresh and ours; dropping `fd` closes the original.
+        unsafe { OwnedFd::from_raw_fd(moved) }
+    };
+    keep_from_the_program(fd.as_raw_fd());
+    fd
+}
+
+/// Register `fd` with the preload shim of `pagewise run` / `pagewise hps run` when it is in
+/// the process (`pagewise_runtime_fd`, preload/fds.c); without it, nothing to do.
+fn keep_from_the_program(fd: RawFd) {
+    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only looks the symbol up.
+    let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"pagewise_runtime_fd".as_ptr()) };
+    if !sym.is_null() {
+        // SAFETY: the shim defines `void pagewise_runtime_fd(int)` (preload/fds.c).
+        let keep: extern "C" fn(libc::c_int) =
+            unsafe { std::mem::transmute::<*mut libc::c_void, extern "C" fn(libc::c_int)>(sym) };
+        keep(fd);
     }
-    // SAFETY: `moved` is fresh and ours; dropping `fd` closes the original.
-    unsafe { OwnedFd::from_raw_fd(moved) }
 }
 
 /// Where [`out_of_the_way`] starts looking: 128 below the soft RLIMIT_NOFILE, counted from at
