@@ -80,9 +80,10 @@ void pw_route_bss(void) {
         memcpy(saved + nsaved * PW_PAGE, w, PW_PAGE);
         which[nsaved++] = i;
     }
-    pw_in_shim++;
+    sigset_t signals;
+    pw_runtime_enter(&signals);
     void *p = pw_arena->alloc_at((void *)z.start, len);
-    pw_in_shim--;
+    pw_runtime_leave(&signals);
     if (p)
         for (size_t i = 0; i < nsaved; i++)
             memcpy((void *)(z.start + which[i] * PW_PAGE), saved + i * PW_PAGE, PW_PAGE);

@@ -155,7 +155,14 @@ static int send_range(int fd, uintptr_t start, size_t len) {
     const size_t slice = sizeof vec * PW_PAGE;
     for (size_t at = 0; at < len; at += slice) {
         size_t n = len - at < slice ? len - at : slice, pages = n / PW_PAGE;
-        if (!pw_arena->holds_data || pw_arena->holds_data((void *)(start + at), n, vec) != 0)
+        int rc = -1;
+        if (pw_arena->holds_data) {
+            sigset_t saved;
+            pw_runtime_enter(&saved);
+            rc = pw_arena->holds_data((void *)(start + at), n, vec);
+            pw_runtime_leave(&saved);
+        }
+        if (rc != 0)
             memset(vec, 1, pages);
         for (size_t i = 0; i < pages;) {
             size_t j = i;

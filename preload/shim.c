@@ -99,9 +99,10 @@ void pw_count_routed(size_t len) {
 }
 
 void *pw_route(size_t len) {
-    pw_in_shim++;
+    sigset_t saved;
+    pw_runtime_enter(&saved);
     void *p = pw_arena->alloc(len);
-    pw_in_shim--;
+    pw_runtime_leave(&saved);
     if (!p) {
         atomic_fetch_add(&pw_fallbacks, 1);
         if (!atomic_exchange(&warned_fallback, 1))
@@ -114,9 +115,9 @@ void *pw_route(size_t len) {
     pw_tables_changed();
     pthread_mutex_unlock(&pw_lock);
     if (rc < 0) {
-        pw_in_shim++;
+        pw_runtime_enter(&saved);
         pw_arena->free(p);
-        pw_in_shim--;
+        pw_runtime_leave(&saved);
         return NULL;
     }
     pw_count_routed(len);
@@ -234,9 +235,10 @@ static void *route_block(size_t n) {
         pw_ranges_remove(&pw_routed, (uintptr_t)p, (uintptr_t)p + pw_page_up(n));
         pw_tables_changed();
         pthread_mutex_unlock(&pw_lock);
-        pw_in_shim++;
+        sigset_t saved;
+        pw_runtime_enter(&saved);
         pw_arena->free(p);
-        pw_in_shim--;
+        pw_runtime_leave(&saved);
         return NULL;
     }
     return p;
@@ -285,7 +287,8 @@ static int free_routed_block(void *p) {
         pthread_mutex_unlock(&pw_lock);
         return 1;
     }
-    pw_in_shim++;
+    sigset_t saved;
+    pw_runtime_enter(&saved);
     /* Parts detached since (mprotect, or advice only plain memory honours) are plain memory
      * inside the block; the rest is the arena's. */
     uintptr_t at = b.start;
@@ -305,7 +308,7 @@ static int free_routed_block(void *p) {
         pw_ranges_remove(&pw_routed, b.start, b.end);
         pw_tables_changed();
     }
-    pw_in_shim--;
+    pw_runtime_leave(&saved);
     pthread_mutex_unlock(&pw_lock);
     return 1;
 }
@@ -497,9 +500,10 @@ PW_EXPORT int listen(int fd, int backlog) {
     int rc = next ? next(fd, backlog) : (int)syscall(SYS_listen, fd, backlog);
     if (rc == 0 && pw_arena && pw_arena->serving && atomic_load(&pw_state) == S_ON && !atomic_exchange(&told, 1)) {
         int e = errno;
-        pw_in_shim++;
+        sigset_t saved;
+        pw_runtime_enter(&saved);
         pw_arena->serving();
-        pw_in_shim--;
+        pw_runtime_leave(&saved);
         errno = e;
     }
     return rc;

@@ -4,6 +4,7 @@
 #define PAGEWISE_PRELOAD_SHIM_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -30,6 +31,30 @@ extern const struct pw_arena *pw_arena;
 /* A thread-local depth: while the shim (or the arena it calls) is working, every allocation
  * and memory call of this thread goes straight to libc and the kernel. */
 extern __thread int pw_in_shim __attribute__((tls_model("initial-exec")));
+
+/* A call into the arena from a thread of the program: it counts as inside the shim, and its
+ * asynchronous signals wait until the call returns. The runtime may hold a lock across the
+ * call, and a signal delivered meanwhile whose frame or handler touches routed memory faults
+ * to a runtime that waits on that lock: a Go program under `pagewise run` hung so (Go keeps
+ * each thread's signal stack on its heap, which is routed, and preempts threads with SIGURG).
+ * The synchronous signals stay open: a fault the call itself takes must reach its handler. */
+static inline void pw_runtime_enter(sigset_t *saved) {
+    sigset_t wait;
+    sigfillset(&wait);
+    sigdelset(&wait, SIGSEGV);
+    sigdelset(&wait, SIGBUS);
+    sigdelset(&wait, SIGILL);
+    sigdelset(&wait, SIGFPE);
+    sigdelset(&wait, SIGTRAP);
+    sigdelset(&wait, SIGSYS);
+    pthread_sigmask(SIG_BLOCK, &wait, saved);
+    pw_in_shim++;
+}
+
+static inline void pw_runtime_leave(const sigset_t *saved) {
+    pw_in_shim--;
+    pthread_sigmask(SIG_SETMASK, saved, NULL);
+}
 
 /* The tables, under pw_lock. `pw_routed`: the live routed parts of the address space (tag:
  * the area's start). `pw_reserved`: the program's large PROT_NONE reservations not yet

@@ -78,9 +78,10 @@ static int unroute_locked(uintptr_t lo, uintptr_t hi, int replace) {
     struct pw_range r;
     int rc = 0;
     for (uintptr_t at = lo; pw_ranges_next(&pw_routed, at, hi, &r); at = r.end) {
-        pw_in_shim++;
+        sigset_t saved;
+        pw_runtime_enter(&saved);
         int e = pw_arena->unmap((void *)r.start, r.end - r.start, replace);
-        pw_in_shim--;
+        pw_runtime_leave(&saved);
         if (e < 0 && rc == 0)
             rc = e;
         pw_ranges_remove(&pw_routed, r.start, r.end);
@@ -97,9 +98,10 @@ static int unroute_locked(uintptr_t lo, uintptr_t hi, int replace) {
 static int route_at(uintptr_t addr, size_t len) {
     if (!pw_arena->alloc_at || atomic_load(&pw_state) != S_ON)
         return 0;
-    pw_in_shim++;
+    sigset_t saved;
+    pw_runtime_enter(&saved);
     void *p = pw_arena->alloc_at((void *)addr, len);
-    pw_in_shim--;
+    pw_runtime_leave(&saved);
     if (!p)
         return 0;
     pthread_mutex_lock(&pw_lock);
@@ -111,9 +113,9 @@ static int route_at(uintptr_t addr, size_t len) {
     pw_tables_changed();
     pthread_mutex_unlock(&pw_lock);
     if (rc < 0) {
-        pw_in_shim++;
+        pw_runtime_enter(&saved);
         pw_arena->unmap(p, len, 1);
-        pw_in_shim--;
+        pw_runtime_leave(&saved);
         return 0; /* the kernel mapping below replaces it */
     }
     pw_count_routed(len);
@@ -329,9 +331,10 @@ PW_EXPORT int mprotect(void *a, size_t len, int prot) {
         }
         if (is_routed && routed.start == at) {
             if (prot != (PROT_READ | PROT_WRITE)) {
-                pw_in_shim++;
+                sigset_t saved;
+                pw_runtime_enter(&saved);
                 int e = pw_arena->detach((void *)routed.start, routed.end - routed.start);
-                pw_in_shim--;
+                pw_runtime_leave(&saved);
                 if (e == 0) {
                     pw_ranges_remove(&pw_routed, routed.start, routed.end);
                     pw_tables_changed();
@@ -366,7 +369,8 @@ static int advise_routed(struct pw_range r, int advice) {
     void *p = (void *)r.start;
     size_t n = r.end - r.start;
     int rc = 0;
-    pw_in_shim++;
+    sigset_t saved;
+    pw_runtime_enter(&saved);
     switch (advice) {
     case MADV_DONTNEED:
     case MADV_FREE:
@@ -399,7 +403,7 @@ static int advise_routed(struct pw_range r, int advice) {
             }
         }
     }
-    pw_in_shim--;
+    pw_runtime_leave(&saved);
     return rc;
 }
 

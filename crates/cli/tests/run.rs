@@ -63,6 +63,52 @@ fn stores_from_signal_handlers_during_faults_survive_eviction() {
     same_output("sigstore", &["--page-size", "128K"], |_| vec![]);
 }
 
+/// A signal delivered to a thread while it is inside a call into the runtime (here each
+/// MADV_DONTNEED of its signal stack), whose frame lands on routed memory that is not there
+/// (the signal stack just discarded; Go keeps each thread's on its heap and preempts with
+/// SIGURG), once faulted to a fault handler waiting on a lock that very call held: the run hung
+/// (6 of 6 tries; a cgo program hung so now and then). The shim now holds a thread's
+/// asynchronous signals until its call into the runtime returns.
+#[test]
+fn signals_on_a_signal_stack_in_routed_memory_never_hang_the_run() {
+    ensure_libpagewise();
+    let scratch = tempdir("altstack");
+    let prog = compile("altstack", scratch.path());
+    let direct = Command::new(&prog).output().unwrap();
+    assert!(direct.status.success() && direct.stdout == b"ok\n", "altstack on its own: {direct:?}");
+    let wrappers: [&[&str]; 2] = [
+        &["run", "--spawn-servers", "1", "--local-mem", "1M", "--min-alloc", "1M"],
+        &["hps", "run", "--min-alloc", "1M"],
+    ];
+    for wrapper in wrappers {
+        let mut child = Command::new(pagewise())
+            .args(wrapper)
+            .arg("--")
+            .arg(&prog)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if started.elapsed() > std::time::Duration::from_secs(60) {
+                let _ = child.kill();
+                let out = child.wait_with_output().unwrap();
+                panic!(
+                    "{wrapper:?}: still running after 60 s (2 s on its own):\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{wrapper:?}: {:?}\n{err}", out.status);
+        assert_eq!(out.stdout, b"ok\n", "{wrapper:?}: {err}");
+        assert!(err.contains("1 allocation(s) on"), "{wrapper:?}: the signal stack was not routed:\n{err}");
+    }
+}
+
 #[test]
 fn static_array_under_bss_gives_the_same_result() {
     same_output("bss", &["--bss"], |_| vec![]);
