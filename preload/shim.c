@@ -70,6 +70,11 @@ _Atomic unsigned long pw_routed_bytes, pw_routed_peak;
 static _Atomic size_t nblocks; /* pw_blocks.n, readable without the lock */
 static _Atomic int warned_fallback;
 static int report; /* this process prints the end-of-run notes (the one `pagewise run` started) */
+/* PAGEWISE_PRELOAD_EXITED: a file the reporting process creates as it runs its exit handlers,
+ * so that `pagewise run` can tell a program that left without them (a Go program makes the
+ * exit_group system call itself) and therefore without a report. */
+static const char *exited_marker;
+static pid_t reporter;
 static pid_t owner;
 void pw_route_bss(void);
 
@@ -637,6 +642,10 @@ __attribute__((constructor)) static void shim_init(void) {
     const char *min = getenv("PAGEWISE_PRELOAD_MIN_ALLOC");
     const char *bss = getenv("PAGEWISE_PRELOAD_BSS");
     report = reports();
+    if (report) {
+        exited_marker = getenv("PAGEWISE_PRELOAD_EXITED");
+        reporter = getpid();
+    }
     atomic_store(&next_listen, (int (*)(int, int))dlsym(RTLD_NEXT, "listen"));
     pw_in_shim--;
     foreign(); /* found now, before the program's first allocation if it has not made one */
@@ -678,6 +687,11 @@ __attribute__((constructor)) static void shim_init(void) {
 }
 
 __attribute__((destructor)) static void shim_fini(void) {
+    if (exited_marker && getpid() == reporter) {
+        int fd = open(exited_marker, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        if (fd >= 0)
+            close(fd);
+    }
     int on = S_ON;
     if (getpid() != owner || !atomic_compare_exchange_strong(&pw_state, &on, S_DOWN))
         return;

@@ -240,6 +240,7 @@ fn run_program(
         .env("PAGEWISE_PRELOAD_MIN_ALLOC", min.to_string())
         .env("PAGEWISE_PRELOAD_FORK", &placement.on_fork)
         .env("PAGEWISE_PRELOAD_REPORT", "program")
+        .env("PAGEWISE_PRELOAD_EXITED", shim.exit_marker())
         .env("PAGEWISE_HPS_PROMOTE_FRACTION", promote_fraction.to_string())
         .env("PAGEWISE_HPS_MIN_FILLED", min_filled.to_string())
         .env("PAGEWISE_HPS_INTERVAL_MS", interval_ms.to_string())
@@ -255,5 +256,6 @@ fn run_program(
     let status = crate::foreground::wait(&mut child, &program[0])?;
     // A program killed before its tracker stopped leaves its published counts behind.
     report::unpublish(child.id() as i32);
+    shim.tell_if_exit_handlers_skipped(status, "pagewise hps run", &program[0]);
     Ok(crate::foreground::exit_code(status, "pagewise hps run", &program[0]))
 }

@@ -155,7 +155,7 @@ pub(crate) struct DlmProgram {
     decisions: Option<PathBuf>,
     /// The decisions file is ours (a temporary file), removed after it is printed.
     decisions_ours: bool,
-    _shim: EmbeddedFile,
+    shim: EmbeddedFile,
 }
 
 impl DlmProgram {
@@ -184,6 +184,7 @@ impl DlmProgram {
             .env("PAGEWISE_PRELOAD_MIN_ALLOC", c.min_alloc.to_string())
             .env("PAGEWISE_PRELOAD_FORK", &opts.on_fork)
             .env("PAGEWISE_PRELOAD_REPORT", "program")
+            .env("PAGEWISE_PRELOAD_EXITED", shim.exit_marker())
             .env("PAGEWISE_DLM_SERVERS", servers.join(","))
             .env("PAGEWISE_DLM_LOCAL_MEM", c.local.to_string())
             .env("PAGEWISE_DLM_PAGE_SIZE", c.base.to_string())
@@ -211,13 +212,7 @@ impl DlmProgram {
         if let Some(d) = &decisions {
             cmd.env("PAGEWISE_DLM_DECISIONS", d);
         }
-        Ok(DlmProgram {
-            cmd,
-            name: program[0].clone(),
-            decisions,
-            decisions_ours: opts.decisions.is_none(),
-            _shim: shim,
-        })
+        Ok(DlmProgram { cmd, name: program[0].clone(), decisions, decisions_ours: opts.decisions.is_none(), shim })
     }
 
     /// The command, to add to its environment or set-up before it starts.
@@ -236,6 +231,7 @@ impl DlmProgram {
         if let Some(d) = &self.decisions {
             print_decisions(d, self.decisions_ours, who);
         }
+        self.shim.tell_if_exit_handlers_skipped(status, who, &self.name);
         crate::foreground::exit_code(status, who, &self.name)
     }
 
@@ -273,6 +269,23 @@ pub(crate) struct EmbeddedFile {
 const RUN_DIR_TAG: &str = "run";
 
 impl EmbeddedFile {
+    /// Where the shim marks that the program ran its exit handlers (PAGEWISE_PRELOAD_EXITED):
+    /// its end-of-run report is written there.
+    pub(crate) fn exit_marker(&self) -> PathBuf {
+        self.dir.join("exited")
+    }
+
+    /// After a program that exited (not killed) without the shim's mark: say why no end-of-run
+    /// report came. A Go program leaves by the exit_group system call itself, as `_exit` does.
+    pub(crate) fn tell_if_exit_handlers_skipped(&self, status: std::process::ExitStatus, who: &str, name: &str) {
+        if status.code().is_some() && !self.exit_marker().exists() {
+            eprintln!(
+                "{who}: {name} ended without running its exit handlers (it made the exit_group system call itself, \
+                 as Go programs and _exit do): no end-of-run report"
+            );
+        }
+    }
+
     pub(crate) fn write(bytes: &[u8], name: &str) -> Result<Self> {
         pagewise_kernel::private_dir::sweep_abandoned(RUN_DIR_TAG, std::time::Duration::from_secs(60));
         let dir = PrivateDir::new(RUN_DIR_TAG).context("creating the run's private directory")?;

@@ -288,6 +288,29 @@ fn a_program_closing_every_descriptor_keeps_its_memory_and_the_report() {
         assert!(run.status.success(), "{wrapper:?}: {:?}\n{err}", run.status);
         assert_eq!(String::from_utf8_lossy(&run.stdout), expected, "{wrapper:?}: {err}");
         assert!(err.contains(&format!("2 allocation(s) on {arena} memory")), "{wrapper:?}: no report:\n{err}");
+        assert!(!err.contains("without running its exit handlers"), "{wrapper:?}: {err}");
+    }
+}
+
+/// A program that leaves by the exit_group system call itself (Go programs do) runs no exit
+/// handler, so the shim's end-of-run report never comes: `pagewise run` and `pagewise hps run`
+/// say so instead of ending in silence.
+#[test]
+fn a_program_leaving_without_its_exit_handlers_is_told_apart() {
+    ensure_libpagewise();
+    let scratch = tempdir("exit-group");
+    let prog = compile("exit_group", scratch.path());
+    let direct = Command::new(&prog).output().unwrap();
+    assert!(direct.status.success(), "exit_group on its own: {direct:?}");
+    let wrappers: [&[&str]; 2] =
+        [&["run", "--spawn-servers", "1", "--local-mem", "4M"], &["hps", "run", "--min-alloc", "1M"]];
+    for wrapper in wrappers {
+        let run = Command::new(pagewise()).args(wrapper).arg("--").arg(&prog).output().unwrap();
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert!(run.status.success(), "{wrapper:?}: {:?}\n{err}", run.status);
+        assert_eq!(run.stdout, direct.stdout, "{wrapper:?}: {err}");
+        assert!(err.contains("ended without running its exit handlers"), "{wrapper:?}: nothing said:\n{err}");
+        assert!(!err.contains("allocation(s) on"), "{wrapper:?}: a report after all:\n{err}");
     }
 }
 
