@@ -51,7 +51,6 @@
 
 #include "shim.h"
 
-
 extern void *__libc_malloc(size_t);
 extern void __libc_free(void *);
 extern void *__libc_calloc(size_t, size_t);

@@ -269,8 +269,8 @@ pub(crate) struct EmbeddedFile {
 const RUN_DIR_TAG: &str = "run";
 
 impl EmbeddedFile {
-    /// Where the shim marks that the program ran its exit handlers (PAGEWISE_PRELOAD_EXITED):
-    /// its end-of-run report is written there.
+    /// The file the shim creates (PAGEWISE_PRELOAD_EXITED) as the program runs its exit
+    /// handlers, the ones that write its end-of-run report.
     pub(crate) fn exit_marker(&self) -> PathBuf {
         self.dir.join("exited")
     }
