@@ -71,41 +71,13 @@ fn stores_from_signal_handlers_during_faults_survive_eviction() {
 /// asynchronous signals until its call into the runtime returns.
 #[test]
 fn signals_on_a_signal_stack_in_routed_memory_never_hang_the_run() {
-    ensure_libpagewise();
-    let scratch = tempdir("altstack");
-    let prog = compile("altstack", scratch.path());
-    let direct = Command::new(&prog).output().unwrap();
-    assert!(direct.status.success() && direct.stdout == b"ok\n", "altstack on its own: {direct:?}");
-    let wrappers: [&[&str]; 2] = [
-        &["run", "--spawn-servers", "1", "--local-mem", "1M", "--min-alloc", "1M"],
-        &["hps", "run", "--min-alloc", "1M"],
-    ];
-    for wrapper in wrappers {
-        let mut child = Command::new(pagewise())
-            .args(wrapper)
-            .arg("--")
-            .arg(&prog)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let started = std::time::Instant::now();
-        while child.try_wait().unwrap().is_none() {
-            if started.elapsed() > std::time::Duration::from_secs(60) {
-                let _ = child.kill();
-                let out = child.wait_with_output().unwrap();
-                panic!(
-                    "{wrapper:?}: still running after 60 s (2 s on its own):\n{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        let out = child.wait_with_output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{wrapper:?}: {:?}\n{err}", out.status);
-        assert_eq!(out.stdout, b"ok\n", "{wrapper:?}: {err}");
-        assert!(err.contains("1 allocation(s) on"), "{wrapper:?}: the signal stack was not routed:\n{err}");
+    let (_scratch, prog, direct) = built_and_run_alone("altstack");
+    assert_eq!(direct.stdout, b"ok\n");
+    for (wrapper, arena) in both_wrappers("1M") {
+        let (run, err) = under_wrapper(&wrapper, &prog);
+        assert!(run.status.success(), "{wrapper:?}: {:?}\n{err}", run.status);
+        assert_eq!(run.stdout, b"ok\n", "{wrapper:?}: {err}");
+        assert!(err.contains(&format!("1 allocation(s) on {arena} memory")), "{wrapper:?}: not routed:\n{err}");
     }
 }
 
@@ -271,20 +243,11 @@ x=$(seq 1 200000 | tr "\n" " "); y=$(seq 1 200000 | tr "\n" " "); [ "$x" = "$y" 
 /// comes back right under both, the report is there, and a forked child holds none of them.
 #[test]
 fn a_program_closing_every_descriptor_keeps_its_memory_and_the_report() {
-    ensure_libpagewise();
-    let scratch = tempdir("close-all");
-    let prog = compile("close_all", scratch.path());
-    let direct = Command::new(&prog).output().unwrap();
-    assert!(direct.status.success(), "close_all on its own: {direct:?}");
+    let (_scratch, prog, direct) = built_and_run_alone("close_all");
     let expected = String::from_utf8_lossy(&direct.stdout).into_owned();
     assert!(expected.contains("within reach after closing all: 0") && expected.contains("child: 0"), "{expected}");
-    let wrappers: [(&[&str], &str); 2] = [
-        (&["run", "--spawn-servers", "1", "--local-mem", "8M", "--min-alloc", "1M"], "dlm"),
-        (&["hps", "run", "--min-alloc", "1M"], "hps"),
-    ];
-    for (wrapper, arena) in wrappers {
-        let run = Command::new(pagewise()).args(wrapper).arg("--").arg(&prog).output().unwrap();
-        let err = String::from_utf8_lossy(&run.stderr);
+    for (wrapper, arena) in both_wrappers("8M") {
+        let (run, err) = under_wrapper(&wrapper, &prog);
         assert!(run.status.success(), "{wrapper:?}: {:?}\n{err}", run.status);
         assert_eq!(String::from_utf8_lossy(&run.stdout), expected, "{wrapper:?}: {err}");
         assert!(err.contains(&format!("2 allocation(s) on {arena} memory")), "{wrapper:?}: no report:\n{err}");
@@ -297,21 +260,60 @@ fn a_program_closing_every_descriptor_keeps_its_memory_and_the_report() {
 /// say so instead of ending in silence.
 #[test]
 fn a_program_leaving_without_its_exit_handlers_is_told_apart() {
-    ensure_libpagewise();
-    let scratch = tempdir("exit-group");
-    let prog = compile("exit_group", scratch.path());
-    let direct = Command::new(&prog).output().unwrap();
-    assert!(direct.status.success(), "exit_group on its own: {direct:?}");
-    let wrappers: [&[&str]; 2] =
-        [&["run", "--spawn-servers", "1", "--local-mem", "4M"], &["hps", "run", "--min-alloc", "1M"]];
-    for wrapper in wrappers {
-        let run = Command::new(pagewise()).args(wrapper).arg("--").arg(&prog).output().unwrap();
-        let err = String::from_utf8_lossy(&run.stderr);
+    let (_scratch, prog, direct) = built_and_run_alone("exit_group");
+    for (wrapper, _) in both_wrappers("4M") {
+        let (run, err) = under_wrapper(&wrapper, &prog);
         assert!(run.status.success(), "{wrapper:?}: {:?}\n{err}", run.status);
         assert_eq!(run.stdout, direct.stdout, "{wrapper:?}: {err}");
         assert!(err.contains("ended without running its exit handlers"), "{wrapper:?}: nothing said:\n{err}");
         assert!(!err.contains("allocation(s) on"), "{wrapper:?}: a report after all:\n{err}");
     }
+}
+
+/// tests/run/NAME.c built, and run on its own, which must succeed: its scratch directory (kept
+/// while the test runs), the program and that run's output.
+fn built_and_run_alone(name: &str) -> (pagewise_kernel::private_dir::PrivateDir, std::path::PathBuf, Output) {
+    ensure_libpagewise();
+    let scratch = tempdir(name);
+    let prog = compile(name, scratch.path());
+    let direct = Command::new(&prog).output().unwrap();
+    assert!(direct.status.success(), "{name} on its own: {direct:?}");
+    (scratch, prog, direct)
+}
+
+/// The two wrappers a program runs under unmodified, each with the arena its report names:
+/// `pagewise run` on one spawned server with `local_mem` of local memory, and `pagewise hps run`;
+/// both route allocations of 1 MiB and more.
+fn both_wrappers(local_mem: &str) -> [(Vec<&str>, &'static str); 2] {
+    [
+        (vec!["run", "--spawn-servers", "1", "--local-mem", local_mem, "--min-alloc", "1M"], "dlm"),
+        (vec!["hps", "run", "--min-alloc", "1M"], "hps"),
+    ]
+}
+
+/// `prog` under `wrapper`: its output and stderr. A run still going after 60 s (these programs
+/// take at most seconds) is killed and fails the test, rather than hanging it.
+fn under_wrapper(wrapper: &[&str], prog: &Path) -> (Output, String) {
+    let mut child = Command::new(pagewise())
+        .args(wrapper)
+        .arg("--")
+        .arg(prog)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("{wrapper:?}: still running after 60 s:\n{}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out, err)
 }
 
 #[test]
