@@ -48,9 +48,7 @@ pub fn out_of_the_way(fd: OwnedFd) -> OwnedFd {
 /// Register `fd` with the preload shim of `pagewise run` / `pagewise hps run` when it is in
 /// the process (`pagewise_runtime_fd`, preload/fds.c); without it, nothing to do.
 fn keep_from_the_program(fd: RawFd) {
-    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only looks the symbol up.
-    let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"pagewise_runtime_fd".as_ptr()) };
-    if !sym.is_null() {
+    if let Some(sym) = crate::shim_function(c"pagewise_runtime_fd") {
         // SAFETY: the shim defines `void pagewise_runtime_fd(int)` (preload/fds.c).
         let keep: extern "C" fn(libc::c_int) =
             unsafe { std::mem::transmute::<*mut libc::c_void, extern "C" fn(libc::c_int)>(sym) };

@@ -40,3 +40,11 @@ pub mod uffd;
 
 pub use error::{Error, Result};
 pub use guard::SettingsGuard;
+
+/// A function the preload shim of `pagewise run` / `pagewise hps run` defines for the runtime
+/// (preload/shim.c, preload/fds.c), when the shim is in the process; `None` without it.
+pub(crate) fn shim_function(name: &std::ffi::CStr) -> Option<*mut libc::c_void> {
+    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only looks the symbol up.
+    let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    (!sym.is_null()).then_some(sym)
+}

@@ -170,9 +170,7 @@ where
 /// allocations or mappings to an arena. A runtime thread given arena memory would fault on
 /// memory it serves itself (DLM's fault handler, HPS's tracker) and wait for itself forever.
 fn mark_runtime_thread() {
-    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only looks the symbol up.
-    let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"pagewise_runtime_thread".as_ptr()) };
-    if !sym.is_null() {
+    if let Some(sym) = crate::shim_function(c"pagewise_runtime_thread") {
         // SAFETY: the shim defines `void pagewise_runtime_thread(void)` (preload/shim.c).
         let mark: extern "C" fn() = unsafe { std::mem::transmute::<*mut libc::c_void, extern "C" fn()>(sym) };
         mark();
