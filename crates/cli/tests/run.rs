@@ -270,6 +270,22 @@ fn a_program_leaving_without_its_exit_handlers_is_told_apart() {
     }
 }
 
+/// Another process copying to and from the program's memory with process_vm_readv/writev
+/// (Open MPI's shared-memory transport between ranks on one host) pins the pages it copies,
+/// and the kernel will not move a pinned page: the runtime keeps such pages rather than stop
+/// the program (`pinned.rs` in crates/dlm). Before, `pagewise run` died with "moving … to the
+/// shadow failed: ioctl(UFFDIO_MOVE) failed: Device or resource busy" in 3 runs of 3.
+#[test]
+fn pages_another_process_copies_keep_their_data_and_the_run_goes_on() {
+    let (_scratch, prog, direct) = built_and_run_alone("cma");
+    for (wrapper, arena) in both_wrappers("4M") {
+        let (run, err) = under_wrapper(&wrapper, &prog);
+        assert!(run.status.success(), "{wrapper:?}: {:?}\n{err}", run.status);
+        assert_eq!(run.stdout, direct.stdout, "{wrapper:?}: {err}");
+        assert!(err.contains(&format!("2 allocation(s) on {arena} memory")), "{wrapper:?}: no report:\n{err}");
+    }
+}
+
 /// tests/run/NAME.c built, and run on its own, which must succeed: its scratch directory (kept
 /// while the test runs), the program and that run's output.
 fn built_and_run_alone(name: &str) -> (pagewise_kernel::private_dir::PrivateDir, std::path::PathBuf, Output) {

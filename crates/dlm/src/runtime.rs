@@ -129,6 +129,7 @@ mod fault;
 mod frames;
 mod install;
 mod journal;
+mod pinned;
 mod ranges;
 mod redundant;
 mod remote;
@@ -275,6 +276,10 @@ pub struct Stats {
     /// Bytes of pages found where a unit's pages were to be moved in the shadow, owned by no
     /// unit, and freed (`Inner::move_over_strays`): 0 unless the bookkeeping slipped.
     pub stray_shadow_bytes: u64,
+    /// Bytes of units kept resident because the kernel would not let them go: pages it held
+    /// pinned (O_DIRECT I/O, io_uring's registered buffers, another process's
+    /// process_vm_readv/writev) refuse to move (`pinned.rs`). Counted at each refusal.
+    pub pinned_kept_bytes: u64,
     /// Moves the kernel refused after making them, counted as made (`Uffd::move_pages`), in
     /// this process.
     pub moves_refused_yet_made: u64,
@@ -470,10 +475,18 @@ impl Dlm {
         self.inner.drain_all(&mut st);
         let before = st.resident;
         let mut run = Run::new(self.inner.uffd.as_ref());
+        // Units the kernel will not let go stay (`pinned.rs`): each is met again once the
+        // hand has gone round, and then there is nothing else left to evict.
+        let mut refused = 0;
         while let Some(v) = st.clock.victim(|_| {}) {
-            self.inner.evict(&mut st, v, &mut run);
+            if !self.inner.evict(&mut st, v, &mut run) {
+                refused += 1;
+            }
+            if refused > st.clock.len() {
+                break;
+            }
         }
-        run.flush();
+        self.inner.flush_run(&mut st, &mut run);
         self.inner.drain_all(&mut st);
         for a in st.areas.iter_mut().flatten() {
             a.window = 0;

@@ -8,6 +8,7 @@ use pagewise_kernel::uffd::Uffd;
 use super::frames::Frames;
 use super::install::{overlaps, CleanMove};
 use super::journal::{self, Op};
+use super::pinned::is_pinned_refusal;
 use super::remote::{Pending, ReplyInto};
 use super::{Area, Entry, Inner, State, MOVE_MIN, NONE};
 use crate::config::FaultMode;
@@ -19,6 +20,10 @@ impl Inner {
     pub(super) fn make_room(&self, st: &mut State, bytes: usize) {
         debug_assert!(!st.move_ins.gathering, "gathered move-ins are done before evicting");
         let mut run = Run::new(self.uffd.as_ref());
+        // Units the kernel would not let go (`pinned.rs`) are put back; the hand goes on to
+        // others. Refused again and again, more often than there are units to try, every
+        // resident unit is pinned.
+        let mut refusals = 0;
         while st.resident + bytes > self.cfg.local_mem {
             let State { clock, areas, stats, frames, borrowed, .. } = &mut *st;
             let b = self.cfg.base_page;
@@ -31,7 +36,11 @@ impl Inner {
                 }
             });
             match victim {
-                Some(v) => self.evict(st, v, &mut run),
+                Some(v) => {
+                    if !self.evict(st, v, &mut run) {
+                        refusals += 1;
+                    }
+                }
                 None => {
                     self.flush_run(st, &mut run);
                     // Only in-flight units hold the memory: install them, then they can go.
@@ -44,6 +53,21 @@ impl Inner {
                     self.drain_all(st);
                 }
             }
+            // Moves refused in the run put their units back: settle them now, and go on
+            // until there is room after all.
+            if run.has_refusals() || st.resident + bytes <= self.cfg.local_mem {
+                let kept = st.stats.pinned_kept_bytes;
+                self.flush_run(st, &mut run);
+                refusals += usize::from(st.stats.pinned_kept_bytes > kept);
+            }
+            if refusals > 2 * st.clock.len() + 8 {
+                crate::fatal(format_args!(
+                    "pagewise dlm: the {} byte(s) of local memory in use are pages the kernel holds pinned \
+                     (O_DIRECT I/O, io_uring's registered buffers, another process's process_vm_readv/writev), \
+                     which cannot be evicted: give the program more local memory",
+                    st.resident
+                ));
+            }
         }
         self.flush_run(st, &mut run);
     }
@@ -51,20 +75,40 @@ impl Inner {
     /// Evict the unit in CLOCK slot `slot`. Its pages are dropped, or moved to the shadow to
     /// be kept, with the next [`Run::flush`] of `run` (consecutive victims of a stream: one
     /// system call for many units); the caller flushes `run` before anything can install
-    /// pages into its ranges or take the kept frames.
-    pub(super) fn evict(&self, st: &mut State, slot: usize, run: &mut Run) {
-        self.evict_unit(st, slot, run, true);
+    /// pages into its ranges or take the kept frames. False when the kernel would not let the
+    /// unit go (`pinned.rs`): it is resident still.
+    #[must_use]
+    pub(super) fn evict(&self, st: &mut State, slot: usize, run: &mut Run) -> bool {
+        self.evict_unit(st, slot, run, true, true)
+    }
+
+    /// [`Inner::evict`] for the program's calls on a range (`forget`, `evict_range`): its
+    /// pages are dropped, never moved, so the kernel cannot refuse; a pinned page keeps what
+    /// was written through its pin to itself, as under the kernel's own MADV_DONTNEED.
+    pub(super) fn evict_dropping(&self, st: &mut State, slot: usize, run: &mut Run) {
+        let gone = self.evict_unit(st, slot, run, true, false);
+        debug_assert!(gone, "a dropped unit is never refused");
     }
 
     /// Drop the unit in CLOCK slot `slot` without writing it home: the program dropped its
     /// data (`Dlm::discard`, `Dlm::unmap`). As [`Inner::evict`] otherwise.
     pub(super) fn discard_unit(&self, st: &mut State, slot: usize, run: &mut Run) {
-        self.evict_unit(st, slot, run, false);
+        let gone = self.evict_unit(st, slot, run, false, false);
+        debug_assert!(gone, "a discarded unit is dropped, never refused");
     }
 
-    fn evict_unit(&self, st: &mut State, slot: usize, run: &mut Run, keep_data: bool) {
-        let e = st.clock.remove(slot).expect("victim is live");
+    fn evict_unit(&self, st: &mut State, slot: usize, run: &mut Run, keep_data: bool, movable: bool) -> bool {
         let b = self.cfg.base_page;
+        // A unit armed in this run, its move not yet made or refused: settled first, while
+        // the unit is on the CLOCK, where a refusal finds it (`Inner::keep_refused`).
+        let e = *st.clock.get(slot).expect("victim is live");
+        if e.armed {
+            let a = st.areas[e.area as usize].as_ref().expect("live area");
+            if run.touches(a.addr + e.first as usize * b, e.count as usize * b) {
+                self.flush_run(st, run);
+            }
+        }
+        let e = st.clock.remove(slot).expect("victim is live");
         let ai = e.area as usize;
         let (first, count) = (e.first as usize, e.count as usize);
         let (start, len, layout) = {
@@ -73,13 +117,17 @@ impl Inner {
         };
         st.stats.evictions += 1;
         // Where the unit's frames go: kept in the shadow for a later reply (`keeps_frames`),
-        // unless another unit's reply is being received into frames at its place.
+        // unless another unit's reply is being received into frames at its place. Only the
+        // CLOCK's victims move (the kernel may refuse: `pinned.rs`); the program's calls on a
+        // range drop.
         let shadow = {
             let a = st.areas[ai].as_ref().expect("live");
             a.shadow.as_ref().filter(|_| a.alias.is_none() && a.staging.is_none()).map(|m| m.addr() + first * b)
         };
-        let to_shadow =
-            !e.armed && shadow.is_some_and(|sh| !overlaps(&st.borrowed, sh, len)) && self.keeps_frames(st, len);
+        let to_shadow = movable
+            && !e.armed
+            && shadow.is_some_and(|sh| !overlaps(&st.borrowed, sh, len))
+            && self.keeps_frames(st, len);
         // Writers are held back (module doc) before the data is read: always for a write-back,
         // and before a hashed unit is hashed again unless nobody can write it meanwhile — its
         // view unmapped (armed), or the program's one thread the one evicting.
@@ -98,6 +146,11 @@ impl Inner {
             let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
             match uffd.move_pages_reporting(sh, start, len, false, true) {
                 Ok(()) => journal::record(Op::ToShadow, sh, start, len),
+                Err((moved, err)) if is_pinned_refusal(&err) => {
+                    journal::record(Op::ToShadow, sh, start, moved);
+                    self.keep_unit(st, e, start, sh, len, moved);
+                    return false;
+                }
                 Err((moved, err)) => {
                     journal::record(Op::ToShadow, sh, start, moved);
                     self.move_over_strays(st, start + moved, sh + moved, len - moved, err);
@@ -209,6 +262,7 @@ impl Inner {
                 free_frames(sh, len);
             }
         }
+        true
     }
 
     /// Free the frames kept at `[place, place + len)`, a unit's place in the shadow that its
@@ -223,11 +277,16 @@ impl Inner {
         }
     }
 
-    /// Flush `run`, then finish a move to the shadow it was refused (`Run::move_now`).
+    /// Flush `run`, then settle the moves to the shadow it was refused (`Run::move_now`):
+    /// pinned pages are kept (`Inner::keep_refused`), pages in the way moved over.
     pub(super) fn flush_run(&self, st: &mut State, run: &mut Run) {
         run.flush();
-        if let Some((view, shadow, len, err)) = run.refused.take() {
-            self.move_over_strays(st, view, shadow, len, err);
+        for (view, shadow, len, err) in run.refused.iter_mut().filter_map(Option::take) {
+            if is_pinned_refusal(&err) {
+                self.keep_refused(st, view, shadow, len);
+            } else {
+                self.move_over_strays(st, view, shadow, len, err);
+            }
         }
     }
 
@@ -480,14 +539,33 @@ pub(super) struct Run<'u> {
     /// Program-view range `(view, shadow, len)` whose pages move to the same offsets of its
     /// area's shadow: evicted units whose frames are kept, and armed units.
     to_shadow: (usize, usize, usize),
-    /// The rest of a move to the shadow the kernel refused (`view, shadow, len` and its
-    /// error), finished by [`Inner::flush_run`], which has the bookkeeping to see why.
-    pub(super) refused: Option<(usize, usize, usize, pagewise_kernel::Error)>,
+    /// The rest of each move to the shadow the kernel refused (`view, shadow, len` and its
+    /// error), settled by [`Inner::flush_run`], which has the bookkeeping to see why. A few
+    /// at most: each is settled at the latest after the CLOCK hand's next step.
+    refused: [Option<Refused>; REFUSED_MAX],
 }
+
+type Refused = (usize, usize, usize, pagewise_kernel::Error);
+
+/// Refused moves a [`Run`] holds (it never allocates: the fault path may run in a signal
+/// handler); one more stops the program.
+const REFUSED_MAX: usize = 16;
 
 impl<'u> Run<'u> {
     pub(super) fn new(uffd: Option<&'u Uffd>) -> Self {
-        Run { uffd, drop: (0, 0), to_shadow: (0, 0, 0), refused: None }
+        Run { uffd, drop: (0, 0), to_shadow: (0, 0, 0), refused: [const { None }; REFUSED_MAX] }
+    }
+
+    /// Whether a move of the view range `[start, start + len)` is gathered or was refused.
+    pub(super) fn touches(&self, start: usize, len: usize) -> bool {
+        let (v, _, l) = self.to_shadow;
+        let meets = |at: usize, n: usize| at < start + len && start < at + n;
+        (l > 0 && meets(v, l)) || self.refused.iter().flatten().any(|&(at, _, n, _)| meets(at, n))
+    }
+
+    /// Whether a move was refused since the last [`Inner::flush_run`].
+    pub(super) fn has_refusals(&self) -> bool {
+        self.refused.iter().any(Option::is_some)
     }
 
     /// MADV_DONTNEED `[start, start + len)` of a program's view (its next touch faults).
@@ -541,13 +619,13 @@ impl<'u> Run<'u> {
             Ok(()) => journal::record(Op::ToShadow, shadow, view, len),
             Err((moved, err)) => {
                 journal::record(Op::ToShadow, shadow, view, moved);
-                if self.refused.is_some() {
+                let Some(free) = self.refused.iter_mut().find(|r| r.is_none()) else {
                     journal::fatal(
                         &[(view, len), (shadow, len)],
                         format_args!("pagewise dlm: moving {view:#x}+{len:#x} to the shadow failed: {err}"),
                     );
-                }
-                self.refused = Some((view + moved, shadow + moved, len - moved, err));
+                };
+                *free = Some((view + moved, shadow + moved, len - moved, err));
             }
         }
     }
@@ -555,9 +633,6 @@ impl<'u> Run<'u> {
 
 impl Drop for Run<'_> {
     fn drop(&mut self) {
-        debug_assert!(
-            self.drop.1 == 0 && self.to_shadow.2 == 0 && self.refused.is_none(),
-            "a Run was dropped unflushed"
-        );
+        debug_assert!(self.drop.1 == 0 && self.to_shadow.2 == 0 && !self.has_refusals(), "a Run was dropped unflushed");
     }
 }

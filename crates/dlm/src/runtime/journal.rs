@@ -45,10 +45,13 @@ pub(super) enum Op {
     Strays,
     /// An armed unit at view `to` referenced: mapped again from `from`.
     MapAgain,
+    /// A move of the view `from` to the shadow `to` refused because pages were pinned: the
+    /// units there kept resident (`pinned.rs`).
+    Pinned,
 }
 
 impl Op {
-    const ALL: [Op; 15] = [
+    const ALL: [Op; 16] = [
         Op::Arm,
         Op::Evict,
         Op::ToShadow,
@@ -64,6 +67,7 @@ impl Op {
         Op::Receive,
         Op::Strays,
         Op::MapAgain,
+        Op::Pinned,
     ];
 
     fn name(self) -> &'static str {
@@ -83,6 +87,7 @@ impl Op {
             Op::Receive => "receive",
             Op::Strays => "free strays",
             Op::MapAgain => "map again",
+            Op::Pinned => "kept, pinned",
         }
     }
 }

@@ -255,7 +255,7 @@ impl Inner {
             if inside {
                 inner.discard_unit(st, slot, run);
             } else {
-                inner.evict(st, slot, run);
+                inner.evict_dropping(st, slot, run);
             }
         });
         self.forget_at_home(st, ai, p0, p1);
@@ -263,7 +263,7 @@ impl Inner {
 
     /// Evict every unit touching pages `[p0, p1)` of area `ai` (written home when dirty).
     fn evict_range(&self, st: &mut State, ai: usize, p0: usize, p1: usize) {
-        self.for_units(st, ai, p0, p1, |inner, st, slot, _, run| inner.evict(st, slot, run));
+        self.for_units(st, ai, p0, p1, |inner, st, slot, _, run| inner.evict_dropping(st, slot, run));
     }
 
     /// Call `f(self, st, clock slot, wholly inside [p0, p1), run)` for each resident unit
