@@ -678,6 +678,7 @@ __attribute__((constructor)) static void shim_init(void) {
     }
     owner = getpid();
     pw_fork_configure(getenv("PAGEWISE_PRELOAD_FORK"));
+    pw_others_configure(getenv("PAGEWISE_PRELOAD_OTHERS"));
     __register_atfork(prepare, parent, NULL, &__dso_handle);
     atomic_store(&pw_state, S_ON);
     pw_in_shim--;
@@ -694,20 +695,26 @@ __attribute__((destructor)) static void shim_fini(void) {
     int on = S_ON;
     if (getpid() != owner || !atomic_compare_exchange_strong(&pw_state, &on, S_DOWN))
         return;
-    if (report && atomic_load(&pw_routed_count) == 0)
+    if (!report) {
+        pw_others_leave_counts();
+        return;
+    }
+    /* The program routed nothing itself, the processes it started did: the wrapper says what. */
+    if (atomic_load(&pw_routed_count) == 0 && pw_others_left_counts())
+        return;
+    if (atomic_load(&pw_routed_count) == 0)
         pw_note("pagewise: warning: the program made no allocation of at least %zu bytes: nothing ran on %s "
                 "memory (see --min-alloc)\n", pw_min_alloc, pw_arena->name);
-    else if (report)
+    else
         pw_note("pagewise: %lu allocation(s) on %s memory (%lu MiB over the run, at most %lu MiB at once), %lu "
                 "refused (left in libc)\n", atomic_load(&pw_routed_count), pw_arena->name,
                 atomic_load(&pw_routed_bytes) >> 20, atomic_load(&pw_routed_peak) >> 20, atomic_load(&pw_fallbacks));
     pw_in_shim++;
     char line[896];
-    if (report && pw_arena->summary && pw_arena->summary(line, sizeof line) == 0)
+    if (pw_arena->summary && pw_arena->summary(line, sizeof line) == 0)
         pw_note("pagewise: %s\n", line);
     /* What the run reports (the tuner's decisions) is the started program's: a process it
      * execs, ending later, would put its own in their place (hpcc's MPI helper did). */
-    if (report)
-        pw_arena->finish();
+    pw_arena->finish();
     pw_in_shim--;
 }

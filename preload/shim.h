@@ -88,6 +88,10 @@ static inline size_t pw_page_up(size_t n) { return (n + PW_PAGE - 1) & ~(PW_PAGE
  * runtime's copies but `keep`. */
 void pw_fds_guard(int fd);
 void pw_fds_close_in_child(int keep);
+/* others.c: what the processes the program started routed, for the wrapper's report. */
+void pw_others_configure(const char *dir);
+void pw_others_leave_counts(void);
+int pw_others_left_counts(void);
 
 /* Write a note on the shim's own copy of stderr. */
 void pw_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

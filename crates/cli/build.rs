@@ -10,7 +10,7 @@ use std::process::Command;
 fn main() {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap()).join("../../preload");
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("libpagewise_preload.so");
-    let sources = ["shim.c", "vm.c", "bss.c", "ranges.c", "fork.c", "fds.c", "arena_dlm.c", "arena_hps.c"];
+    let sources = ["shim.c", "vm.c", "bss.c", "ranges.c", "fork.c", "fds.c", "others.c", "arena_dlm.c", "arena_hps.c"];
     for f in sources.iter().chain(["arena.h", "shim.h", "ranges.h"].iter()) {
         println!("cargo:rerun-if-changed={}", root.join(f).display());
     }

@@ -241,6 +241,7 @@ fn run_program(
         .env("PAGEWISE_PRELOAD_FORK", &placement.on_fork)
         .env("PAGEWISE_PRELOAD_REPORT", "program")
         .env("PAGEWISE_PRELOAD_EXITED", shim.exit_marker())
+        .env("PAGEWISE_PRELOAD_OTHERS", shim.others_dir()?)
         .env("PAGEWISE_HPS_PROMOTE_FRACTION", promote_fraction.to_string())
         .env("PAGEWISE_HPS_MIN_FILLED", min_filled.to_string())
         .env("PAGEWISE_HPS_INTERVAL_MS", interval_ms.to_string())
@@ -257,5 +258,6 @@ fn run_program(
     // A program killed before its tracker stopped leaves its published counts behind.
     report::unpublish(child.id() as i32);
     shim.tell_if_exit_handlers_skipped(status, "pagewise hps run", &program[0]);
+    shim.tell_what_others_did();
     Ok(crate::foreground::exit_code(status, "pagewise hps run", &program[0]))
 }

@@ -13,6 +13,7 @@ mod foreground;
 mod generate;
 mod hps;
 mod mpi;
+mod others;
 mod reclaim;
 mod run;
 mod testbed;

@@ -185,6 +185,7 @@ impl DlmProgram {
             .env("PAGEWISE_PRELOAD_FORK", &opts.on_fork)
             .env("PAGEWISE_PRELOAD_REPORT", "program")
             .env("PAGEWISE_PRELOAD_EXITED", shim.exit_marker())
+            .env("PAGEWISE_PRELOAD_OTHERS", shim.others_dir()?)
             .env("PAGEWISE_DLM_SERVERS", servers.join(","))
             .env("PAGEWISE_DLM_LOCAL_MEM", c.local.to_string())
             .env("PAGEWISE_DLM_PAGE_SIZE", c.base.to_string())
@@ -232,6 +233,7 @@ impl DlmProgram {
             print_decisions(d, self.decisions_ours, who);
         }
         self.shim.tell_if_exit_handlers_skipped(status, who, &self.name);
+        self.shim.tell_what_others_did();
         crate::foreground::exit_code(status, who, &self.name)
     }
 
@@ -273,6 +275,25 @@ impl EmbeddedFile {
     /// handlers, the ones that write its end-of-run report.
     pub(crate) fn exit_marker(&self) -> PathBuf {
         self.dir.join("exited")
+    }
+
+    /// The directory (made here) where the processes the program starts leave what they put
+    /// on the arena (PAGEWISE_PRELOAD_OTHERS, preload/others.c).
+    pub(crate) fn others_dir(&self) -> Result<PathBuf> {
+        let dir = self.dir.join("others");
+        match std::fs::create_dir(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                Err(e).with_context(|| format!("creating {}", dir.display()))
+            }
+            _ => Ok(dir),
+        }
+    }
+
+    /// After the program ended: one line for what the processes it started put on the arena.
+    pub(crate) fn tell_what_others_did(&self) {
+        if let Some(line) = crate::others::summary(&crate::others::read(&self.dir.join("others"))) {
+            eprintln!("{line}");
+        }
     }
 
     /// After a program that exited (not killed) without the shim's mark: say why no end-of-run

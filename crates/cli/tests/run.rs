@@ -286,6 +286,25 @@ fn pages_another_process_copies_keep_their_data_and_the_run_goes_on() {
     }
 }
 
+/// A program whose work is done by processes it starts (mpirun's ranks): each runs with a
+/// runtime of its own, and the report says what they put on the arena in one line, where it
+/// used to warn that nothing ran there.
+#[test]
+fn what_the_processes_a_program_starts_put_on_the_arena_is_reported() {
+    let (_scratch, prog, direct) = built_and_run_alone("starts_worker");
+    for (wrapper, arena) in both_wrappers("4M") {
+        let (run, err) = under_wrapper(&wrapper, &prog);
+        assert!(run.status.success(), "{wrapper:?}: {:?}\n{err}", run.status);
+        assert_eq!(run.stdout, direct.stdout, "{wrapper:?}: {err}");
+        let line = format!(
+            "pagewise: 2 processes the program started ran on {arena} memory too, each with its own runtime and its \
+             own limits: 4 allocation(s) (32 MiB over their runs, at most 8 MiB at once in one), 0 refused"
+        );
+        assert!(err.contains(&line), "{wrapper:?}: not reported:\n{err}");
+        assert!(!err.contains("warning: the program made no allocation"), "{wrapper:?}: {err}");
+    }
+}
+
 /// tests/run/NAME.c built, and run on its own, which must succeed: its scratch directory (kept
 /// while the test runs), the program and that run's output.
 fn built_and_run_alone(name: &str) -> (pagewise_kernel::private_dir::PrivateDir, std::path::PathBuf, Output) {

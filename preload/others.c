@@ -1,0 +1,60 @@
+/* What the processes the program started put on the arena, for the run's report.
+ *
+ * Every process that loads the shim runs its own runtime: a program `pagewise run` starts, and
+ * what that program starts in turn with exec — mpirun's ranks, make's compilers, a shell
+ * script's commands. Only the first prints the end-of-run report (shim.c, `reports`). The
+ * others used to say nothing, so `pagewise run -- mpirun -np 2 hpcc` warned that nothing ran
+ * on DLM memory (mpirun itself allocates little) while both ranks did.
+ *
+ * Now each other process that routed anything leaves its counts, at exit, in a file of its own
+ * in PAGEWISE_PRELOAD_OTHERS (a directory in the run's private directory, which only the
+ * run's user can write), and the wrapper sums them once the program has ended. The format,
+ * one line, read by crates/cli/src/run.rs (`OthersReport`):
+ *
+ *     ARENA ALLOCATIONS BYTES PEAK_BYTES REFUSED\n
+ *
+ * decimal counts, as the report's own line gives them for the program.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "shim.h"
+
+static const char *others_dir;
+
+void pw_others_configure(const char *dir) { others_dir = dir && *dir ? dir : NULL; }
+
+void pw_others_leave_counts(void) {
+    unsigned long count = atomic_load(&pw_routed_count);
+    if (!others_dir || count == 0)
+        return;
+    char path[4096], line[160];
+    if (snprintf(path, sizeof path, "%s/%ld", others_dir, (long)getpid()) >= (int)sizeof path)
+        return;
+    int n = snprintf(line, sizeof line, "%s %lu %lu %lu %lu\n", pw_arena->name, count,
+                     atomic_load(&pw_routed_bytes), atomic_load(&pw_routed_peak), atomic_load(&pw_fallbacks));
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0)
+        return;
+    ssize_t w = write(fd, line, (size_t)n);
+    (void)w; /* a short count leaves a line the wrapper does not parse: it is skipped */
+    close(fd);
+}
+
+int pw_others_left_counts(void) {
+    if (!others_dir)
+        return 0;
+    DIR *d = opendir(others_dir);
+    if (!d)
+        return 0;
+    int found = 0;
+    for (struct dirent *e; !found && (e = readdir(d));)
+        found = e->d_name[0] != '.';
+    closedir(d);
+    return found;
+}
