@@ -25,13 +25,14 @@
 
 #include "shim.h"
 
-static const char *others_dir;
+/* PAGEWISE_PRELOAD_OTHERS, copied (pw_copy_env); empty: none. */
+static char others_dir[4096];
 
-void pw_others_configure(const char *dir) { others_dir = dir && *dir ? dir : NULL; }
+void pw_others_configure(void) { pw_copy_env(others_dir, sizeof others_dir, "PAGEWISE_PRELOAD_OTHERS"); }
 
 void pw_others_leave_counts(void) {
     unsigned long count = atomic_load(&pw_routed_count);
-    if (!others_dir || count == 0)
+    if (!others_dir[0] || count == 0)
         return;
     char path[4096], line[160];
     if (snprintf(path, sizeof path, "%s/%ld", others_dir, (long)getpid()) >= (int)sizeof path)
@@ -47,7 +48,7 @@ void pw_others_leave_counts(void) {
 }
 
 int pw_others_left_counts(void) {
-    if (!others_dir)
+    if (!others_dir[0])
         return 0;
     DIR *d = opendir(others_dir);
     if (!d)

@@ -71,8 +71,10 @@ static _Atomic int warned_fallback;
 static int report; /* this process prints the end-of-run notes (the one `pagewise run` started) */
 /* PAGEWISE_PRELOAD_EXITED: a file the reporting process creates as it runs its exit handlers,
  * so that `pagewise run` can tell a program that left without them (a Go program makes the
- * exit_group system call itself) and therefore without a report. */
-static const char *exited_marker;
+ * exit_group system call itself) and therefore without a report. A copy: a program may write
+ * over its environment's strings (redis-server's process title does), and then
+ * `pagewise run` said it had left without its exit handlers. Empty: none. */
+static char exited_marker[4096];
 static pid_t reporter;
 static pid_t owner;
 void pw_route_bss(void);
@@ -599,6 +601,15 @@ static void mark_environ(const char *name, const char *value) {
         }
 }
 
+void pw_copy_env(char *buf, size_t n, const char *name) {
+    const char *v = getenv(name);
+    size_t len = v ? strlen(v) : 0;
+    if (len >= n)
+        len = 0; /* a path cut short would name another file: none */
+    memcpy(buf, v ? v : "", len);
+    buf[len] = 0;
+}
+
 /* Whether this process prints the end-of-run notes: the program `pagewise run` started
  * (PAGEWISE_PRELOAD_REPORT=program), and what it execs in its own place — a wrapper such as
  * pyenv's python3 script, env or nice execs the real program, whose notes are the run's — but
@@ -642,7 +653,7 @@ __attribute__((constructor)) static void shim_init(void) {
     const char *bss = getenv("PAGEWISE_PRELOAD_BSS");
     report = reports();
     if (report) {
-        exited_marker = getenv("PAGEWISE_PRELOAD_EXITED");
+        pw_copy_env(exited_marker, sizeof exited_marker, "PAGEWISE_PRELOAD_EXITED");
         reporter = getpid();
     }
     atomic_store(&next_listen, (int (*)(int, int))dlsym(RTLD_NEXT, "listen"));
@@ -678,7 +689,7 @@ __attribute__((constructor)) static void shim_init(void) {
     }
     owner = getpid();
     pw_fork_configure(getenv("PAGEWISE_PRELOAD_FORK"));
-    pw_others_configure(getenv("PAGEWISE_PRELOAD_OTHERS"));
+    pw_others_configure();
     __register_atfork(prepare, parent, NULL, &__dso_handle);
     atomic_store(&pw_state, S_ON);
     pw_in_shim--;
@@ -687,7 +698,7 @@ __attribute__((constructor)) static void shim_init(void) {
 }
 
 __attribute__((destructor)) static void shim_fini(void) {
-    if (exited_marker && getpid() == reporter) {
+    if (exited_marker[0] && getpid() == reporter) {
         int fd = open(exited_marker, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
         if (fd >= 0)
             close(fd);

@@ -88,8 +88,11 @@ static inline size_t pw_page_up(size_t n) { return (n + PW_PAGE - 1) & ~(PW_PAGE
  * runtime's copies but `keep`. */
 void pw_fds_guard(int fd);
 void pw_fds_close_in_child(int keep);
+/* Copy environment variable `name` into buf (n bytes): empty when unset or too long. The
+ * environment's own strings may be overwritten by the program (a process title). */
+void pw_copy_env(char *buf, size_t n, const char *name);
 /* others.c: what the processes the program started routed, for the wrapper's report. */
-void pw_others_configure(const char *dir);
+void pw_others_configure(void);
 void pw_others_leave_counts(void);
 int pw_others_left_counts(void);
 

@@ -305,6 +305,27 @@ fn what_the_processes_a_program_starts_put_on_the_arena_is_reported() {
     }
 }
 
+/// A program that writes its process title over its environment (redis-server, nginx,
+/// PostgreSQL) still gets its report, and the line for the worker it starts: the shim keeps
+/// copies of what it read there. With pointers into the environment, `pagewise run` said
+/// redis-server had left without its exit handlers, and a worker's counts went to a file named
+/// by its pid in /.
+#[test]
+fn a_program_writing_over_its_environment_keeps_its_report() {
+    let (_scratch, prog, direct) = built_and_run_alone("proctitle");
+    for (wrapper, arena) in both_wrappers("4M") {
+        let (run, err) = under_wrapper(&wrapper, &prog);
+        assert!(run.status.success(), "{wrapper:?}: {:?}\n{err}", run.status);
+        assert_eq!(run.stdout, direct.stdout, "{wrapper:?}: {err}");
+        assert!(err.contains(&format!("1 allocation(s) on {arena} memory")), "{wrapper:?}: no report:\n{err}");
+        assert!(
+            err.contains(&format!("1 process the program started ran on {arena} memory too")),
+            "{wrapper:?}: {err}"
+        );
+        assert!(!err.contains("without running its exit handlers"), "{wrapper:?}: {err}");
+    }
+}
+
 /// tests/run/NAME.c built, and run on its own, which must succeed: its scratch directory (kept
 /// while the test runs), the program and that run's output.
 fn built_and_run_alone(name: &str) -> (pagewise_kernel::private_dir::PrivateDir, std::path::PathBuf, Output) {
