@@ -153,7 +153,10 @@ impl Inner {
                 }
                 Err((moved, err)) => {
                     journal::record(Op::ToShadow, sh, start, moved);
-                    self.move_over_strays(st, start + moved, sh + moved, len - moved, err);
+                    if let Some(more) = self.move_over_strays(st, start + moved, sh + moved, len - moved, err) {
+                        self.keep_unit(st, e, start, sh, len, moved + more);
+                        return false;
+                    }
                 }
             }
         }
@@ -282,10 +285,10 @@ impl Inner {
     pub(super) fn flush_run(&self, st: &mut State, run: &mut Run) {
         run.flush();
         for (view, shadow, len, err) in run.refused.iter_mut().filter_map(Option::take) {
-            if is_pinned_refusal(&err) {
-                self.keep_refused(st, view, shadow, len);
-            } else {
-                self.move_over_strays(st, view, shadow, len, err);
+            let moved =
+                if is_pinned_refusal(&err) { Some(0) } else { self.move_over_strays(st, view, shadow, len, err) };
+            if let Some(moved) = moved {
+                self.keep_refused(st, view + moved, shadow + moved, len - moved);
             }
         }
     }
@@ -297,7 +300,10 @@ impl Inner {
     /// pages to be moved are all in the view: every unit's data is in the program's view, in
     /// the shadow at its place (armed, accounted for by its CLOCK entry, never moved over), on
     /// its way, or at home. They are freed, with a note and the journal of those pages, and
-    /// the move made. Anything else stops the program, as any failed move does.
+    /// the move made. Anything else stops the program, as any failed move does. Some(bytes
+    /// moved) when the kernel then refused a pinned page (`pinned.rs`): the caller keeps the
+    /// rest.
+    #[must_use]
     pub(super) fn move_over_strays(
         &self,
         st: &mut State,
@@ -305,7 +311,7 @@ impl Inner {
         shadow: usize,
         len: usize,
         err: pagewise_kernel::Error,
-    ) {
+    ) -> Option<usize> {
         let b = self.cfg.base_page;
         let receiving = overlaps(&st.borrowed, shadow, len)
             || st.conns.iter().flat_map(|c| &c.pending).any(|p| {
@@ -349,13 +355,20 @@ impl Inner {
         journal::report(&ranges);
         journal::record(Op::Strays, shadow, view, len);
         let uffd = self.uffd.as_ref().expect("shadow areas have a uffd");
-        if let Err(err) = uffd.move_pages(shadow, view, len, false, true) {
-            journal::fatal(
+        match uffd.move_pages_reporting(shadow, view, len, false, true) {
+            Ok(()) => {
+                journal::record(Op::ToShadow, shadow, view, len);
+                None
+            }
+            Err((moved, err)) if is_pinned_refusal(&err) => {
+                journal::record(Op::ToShadow, shadow, view, moved);
+                Some(moved)
+            }
+            Err((_, err)) => journal::fatal(
                 &ranges,
                 format_args!("pagewise dlm: moving {view:#x}+{len:#x} to the shadow failed: {err}"),
-            );
+            ),
         }
-        journal::record(Op::ToShadow, shadow, view, len);
     }
 
     /// Whether an evicted unit of `len` bytes leaves its frames in the shadow for a later reply
