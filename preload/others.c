@@ -17,6 +17,7 @@
  */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,12 +35,22 @@ void pw_others_leave_counts(void) {
     unsigned long count = atomic_load(&pw_routed_count);
     if (!others_dir[0] || count == 0)
         return;
-    char path[4096], line[160];
-    if (snprintf(path, sizeof path, "%s/%ld", others_dir, (long)getpid()) >= (int)sizeof path)
-        return;
+    char path[4200], line[160];
     int n = snprintf(line, sizeof line, "%s %lu %lu %lu %lu\n", pw_arena->name, count,
                      atomic_load(&pw_routed_bytes), atomic_load(&pw_routed_peak), atomic_load(&pw_fallbacks));
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (n <= 0 || n >= (int)sizeof line)
+        return;
+    /* Named by the pid; a long run may see a pid again (make's thousands of processes). */
+    int fd = -1;
+    for (int again = 0; fd < 0 && again < 64; again++) {
+        if (again)
+            snprintf(path, sizeof path, "%s/%ld.%d", others_dir, (long)getpid(), again);
+        else
+            snprintf(path, sizeof path, "%s/%ld", others_dir, (long)getpid());
+        fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0 && errno != EEXIST)
+            return;
+    }
     if (fd < 0)
         return;
     ssize_t w = write(fd, line, (size_t)n);
