@@ -18,7 +18,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::evict::free_frames;
+use pagewise_kernel::mem::{madvise, page_size, Advice};
+
+use super::evict::{free_frames, present_count};
 use super::journal::{self, Op};
 use super::{is_live, is_resident, Entry, Inner, State, NONE};
 
@@ -80,6 +82,15 @@ impl Inner {
             } else if slot == NONE {
                 if p == p0 && a_addr + p * b < view {
                     bring_back(p);
+                }
+                // A page not wholly in the view would fault as a resident one, for ever: it
+                // stays evicted (its data is at home), what is there of it dropped.
+                if present_count(a_addr + p * b, b) * page_size() < b {
+                    if let Err(err) = madvise(a_addr + p * b, b, Advice::DontNeed) {
+                        crate::fatal(format_args!("pagewise dlm: dropping {:#x}+{b:#x} failed: {err}", a_addr + p * b));
+                    }
+                    p += 1;
+                    continue;
                 }
                 let entry =
                     Entry { area: ai as u32, first: p as u32, count: 1, dirty: true, clean_hash: None, armed: false };
