@@ -9,7 +9,7 @@
  * Now each other process that routed anything leaves its counts, at exit, in a file of its own
  * in PAGEWISE_PRELOAD_OTHERS (a directory in the run's private directory, which only the
  * run's user can write), and the wrapper sums them once the program has ended. The format,
- * one line, read by crates/cli/src/run.rs (`OthersReport`):
+ * one line, read by crates/cli/src/others.rs (`parse`):
  *
  *     ARENA ALLOCATIONS BYTES PEAK_BYTES REFUSED\n
  *

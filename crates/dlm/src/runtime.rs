@@ -469,7 +469,8 @@ impl Dlm {
     }
 
     /// Write every dirty unit back to its home and drop every local copy (the next touch of
-    /// any page fetches it again). Returns the bytes that were resident.
+    /// any page fetches it again), but those of pages the kernel holds pinned (`pinned.rs`).
+    /// Returns the bytes that were resident.
     pub fn evict_all(&self) -> usize {
         let mut st = self.inner.lock();
         self.inner.drain_all(&mut st);
