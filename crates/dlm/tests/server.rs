@@ -345,7 +345,12 @@ fn connection_bound_and_live_quiet_clients_keep_their_regions() {
     assert!(p.iter().all(|&x| x == 0x77), "the quiet client's data");
     // Room again once a client leaves.
     drop(b);
-    wait_for("the departed client's region to be freed", || a.stats().regions == 1);
+    // Its regions go before its place among the clients (`serve_connection` returns first):
+    // both are waited for, or the next client may still be refused.
+    wait_for("the departed client's region and place to be freed", || {
+        let st = a.stats();
+        st.regions == 1 && st.clients == 1
+    });
     let mut d = Client::connect(&addr);
     assert_eq!(d.alloc(16, 4096).0, Status::Ok);
     stop.store(true, Ordering::Relaxed);
