@@ -9,7 +9,7 @@
 //! its cleanup after the program ended (seconds at most) is not cut short by them either.
 
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Child, ExitStatus};
+use std::process::{Child, Command, ExitStatus};
 
 use anyhow::Context as _;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
@@ -20,9 +20,10 @@ fn passed_on(sig: i32) -> bool {
     matches!(sig, SIGTERM | SIGHUP)
 }
 
-/// The wrapper's signal handling while `child` runs (module doc): started by [`Foreground::new`],
-/// ended on drop. The handlers are the wrapper's only: a program started after it began runs
-/// with the default dispositions (execve resets handled signals).
+/// The wrapper's signal handling while its program runs (module doc), from before the program
+/// starts ([`spawn`]: a signal sent the moment the program exists finds it in place) until
+/// dropped. The handlers are the wrapper's only: the program runs with the default
+/// dispositions (execve resets handled signals).
 pub(crate) struct Foreground {
     handle: signal_hook::iterator::Handle,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -30,9 +31,8 @@ pub(crate) struct Foreground {
 
 impl Foreground {
     /// Ignore SIGINT and SIGQUIT and pass SIGTERM and SIGHUP on to process `pid` until dropped.
-    pub(crate) fn new(pid: u32) -> anyhow::Result<Self> {
-        let mut signals =
-            Signals::new([SIGINT, SIGQUIT, SIGTERM, SIGHUP]).context("installing the wrapper's signal handlers")?;
+    /// Signals that came while `signals` waited for the program are handled first.
+    fn pass_on(mut signals: Signals, pid: u32) -> anyhow::Result<Self> {
         let handle = signals.handle();
         let thread = std::thread::Builder::new()
             .name("pw-foreground".into())
@@ -60,9 +60,19 @@ impl Drop for Foreground {
     }
 }
 
-/// Wait for `child`, the wrapper's program, as its foreground job (module doc).
-pub(crate) fn wait(child: &mut Child, name: &str) -> anyhow::Result<ExitStatus> {
-    let foreground = Foreground::new(child.id())?;
+/// Start `cmd`, the wrapper's program (`name` in errors), as its foreground job (module doc).
+/// The handlers are in place before the program starts, so a SIGINT that reaches the wrapper
+/// as soon as the program exists is ignored too, and a SIGTERM is passed on.
+pub(crate) fn spawn(cmd: &mut Command, name: &str) -> anyhow::Result<(Child, Foreground)> {
+    let signals =
+        Signals::new([SIGINT, SIGQUIT, SIGTERM, SIGHUP]).context("installing the wrapper's signal handlers")?;
+    let child = cmd.spawn().with_context(|| format!("starting {name}"))?;
+    let foreground = Foreground::pass_on(signals, child.id())?;
+    Ok((child, foreground))
+}
+
+/// Wait for `child`, started by [`spawn`], then end the wrapper's signal handling.
+pub(crate) fn wait(mut child: Child, foreground: Foreground, name: &str) -> anyhow::Result<ExitStatus> {
     pagewise_kernel::signal::child_ended(child.id(), true).with_context(|| format!("waiting for {name}"))?;
     drop(foreground);
     child.wait().with_context(|| format!("reaping {name}"))

@@ -232,8 +232,7 @@ fn run_program(
     if let Some((key, cpus)) = pagewise_kernel::colocate::program_cpus_env() {
         cmd.env(key, cpus);
     }
-    let mut child = cmd
-        .args(&program[1..])
+    cmd.args(&program[1..])
         .env("LD_PRELOAD", preload)
         .env("PAGEWISE_PRELOAD_ARENA", "hps")
         .env("PAGEWISE_PRELOAD_LIB", &lib)
@@ -251,12 +250,12 @@ fn run_program(
         .env("PAGEWISE_HPS_COLOCATE", if placement.colocate { "1" } else { "0" })
         .env("PAGEWISE_HPS_FIRST_TOUCH", &placement.first_touch)
         .env("PAGEWISE_HPS_TRACK_PLACED", if placement.track_placed { "1" } else { "0" })
-        .env("PAGEWISE_HPS_LATE_ROUTING_S", placement.late_routing.map_or("off".to_string(), |s| s.to_string()))
-        .spawn()
-        .with_context(|| format!("starting {}", program[0]))?;
-    let status = crate::foreground::wait(&mut child, &program[0])?;
+        .env("PAGEWISE_HPS_LATE_ROUTING_S", placement.late_routing.map_or("off".to_string(), |s| s.to_string()));
+    let (child, foreground) = crate::foreground::spawn(&mut cmd, &program[0])?;
+    let pid = child.id() as i32;
+    let status = crate::foreground::wait(child, foreground, &program[0])?;
     // A program killed before its tracker stopped leaves its published counts behind.
-    report::unpublish(child.id() as i32);
+    report::unpublish(pid);
     shim.tell_if_exit_handlers_skipped(status, "pagewise hps run", &program[0]);
     shim.tell_what_others_did();
     Ok(crate::foreground::exit_code(status, "pagewise hps run", &program[0]))

@@ -225,10 +225,9 @@ fn rank0(me: Me, a: &Args) -> Result<ExitCode> {
                 .map_err(|e| std::io::Error::from_raw_os_error(e.errno().unwrap_or(libc::EINVAL)))
         })
     };
-    let mut child = program.spawn()?;
     // The launcher's SIGTERM ends the program (which then ends its rank); a terminal's
     // Ctrl-C reaches the program itself (`foreground`).
-    let foreground = crate::foreground::Foreground::new(child.id())?;
+    let (mut child, foreground) = program.spawn()?;
     let redundancy = a.dlm.redundancy()?;
     let mut gone: Vec<u32> = Vec::new();
     let status = loop {

@@ -221,9 +221,9 @@ impl DlmProgram {
         &mut self.cmd
     }
 
-    /// Start the program.
-    pub(crate) fn spawn(&mut self) -> Result<std::process::Child> {
-        self.cmd.spawn().with_context(|| format!("starting {}", self.name))
+    /// Start the program as the wrapper's foreground job ([`crate::foreground`]).
+    pub(crate) fn spawn(&mut self) -> Result<(std::process::Child, crate::foreground::Foreground)> {
+        crate::foreground::spawn(&mut self.cmd, &self.name)
     }
 
     /// After the program ended: print the tuner's decisions and give its exit code (128+N
@@ -240,8 +240,8 @@ impl DlmProgram {
     /// Start the program and wait for it as the wrapper's foreground job
     /// ([`crate::foreground`]): the wrapper cleans up after it however it ends.
     pub(crate) fn run(&mut self) -> Result<std::process::ExitStatus> {
-        let mut child = self.spawn()?;
-        crate::foreground::wait(&mut child, &self.name)
+        let (child, foreground) = self.spawn()?;
+        crate::foreground::wait(child, foreground, &self.name)
     }
 }
 
