@@ -83,10 +83,10 @@ enum Phase {
     /// At home, `left` windows before the next trial.
     Home { left: u32 },
     /// A trial window at `set`, after a home window of cost `before`; `pairs` pairs done
-    /// (their log ratios summed, and whether each said faster).
-    Trial { set: u32, before: f64, pairs: u32, sum_log: f64, all_faster: bool },
+    /// (the product of their ratios, and whether each said faster).
+    Trial { set: u32, before: f64, pairs: u32, product: f64, all_faster: bool },
     /// The home window after a trial window at `set` of cost `trial`.
-    Back { set: u32, before: f64, trial: f64, pairs: u32, sum_log: f64, all_faster: bool },
+    Back { set: u32, before: f64, trial: f64, pairs: u32, product: f64, all_faster: bool },
 }
 
 /// The state of the window tuner.
@@ -160,8 +160,8 @@ impl WindowTuner {
                 }
                 self.start_trial(cfg, cost)
             }
-            Phase::Trial { set, before, pairs, sum_log, all_faster } => {
-                self.phase = Phase::Back { set, before, trial: cost, pairs, sum_log, all_faster };
+            Phase::Trial { set, before, pairs, product, all_faster } => {
+                self.phase = Phase::Back { set, before, trial: cost, pairs, product, all_faster };
                 (self.home, Reason::Explore)
             }
             Phase::Back { .. } if !valid(cost) => {
@@ -169,15 +169,19 @@ impl WindowTuner {
                 (self.home, Reason::Explore)
             }
             Phase::Back { set, before, trial, .. } if !valid(before) || !valid(trial) => {
-                self.phase = Phase::Trial { set, before: cost, pairs: 0, sum_log: 0.0, all_faster: true };
+                self.phase = Phase::Trial { set, before: cost, pairs: 0, product: 1.0, all_faster: true };
                 (set, Reason::Explore)
             }
-            Phase::Back { set, before, trial, pairs, sum_log, all_faster } => {
-                // In logs: the geometric mean of two costs of up to f64::MAX does not overflow.
-                let ratio = (trial.ln() - 0.5 * (before.ln() + cost.ln())).exp();
-                let (pairs, sum_log) = (pairs + 1, sum_log + ratio.ln());
+            Phase::Back { set, before, trial, pairs, product, all_faster } => {
+                // The trial over the geometric mean of the home windows around it; as the
+                // product of roots, which stays finite for costs up to f64::MAX. Square roots
+                // only: the runtime needs no libm (one library less in every process).
+                let ratio = trial / (before.sqrt() * cost.sqrt());
+                let (pairs, product) = (pairs + 1, product * ratio);
                 let all_faster = all_faster && ratio < 1.0;
-                let mean = (sum_log / pairs as f64).exp();
+                // At most two pairs: the second decides.
+                debug_assert!(pairs <= 2);
+                let mean = if pairs == 1 { product } else { product.sqrt() };
                 if (pairs == 1 && ratio < CLEARLY_BETTER) || (pairs == 2 && all_faster && mean < 1.0 - BETTER_BY) {
                     // Faster: it is home now; jump on the same way at once, further.
                     self.home = set;
@@ -188,7 +192,7 @@ impl WindowTuner {
                     (set, Reason::Better)
                 } else if pairs == 1 && ratio <= CLEARLY_WORSE {
                     // Not clear yet: a second pair, this window its home before.
-                    self.phase = Phase::Trial { set, before: cost, pairs, sum_log, all_faster };
+                    self.phase = Phase::Trial { set, before: cost, pairs, product, all_faster };
                     (set, Reason::Explore)
                 } else {
                     self.lost(cfg, cost, ratio > CLEARLY_WORSE)
@@ -213,7 +217,7 @@ impl WindowTuner {
     fn start_trial(&mut self, cfg: &TunerConfig, home_cost: f64) -> (u32, Reason) {
         match self.target(cfg) {
             Some(set) => {
-                self.phase = Phase::Trial { set, before: home_cost, pairs: 0, sum_log: 0.0, all_faster: true };
+                self.phase = Phase::Trial { set, before: home_cost, pairs: 0, product: 1.0, all_faster: true };
                 (set, Reason::Explore)
             }
             None => {
