@@ -3,7 +3,8 @@
 //! to and from a memory server — a matrix multiply and a stencil on malloc'd arrays, a large
 //! static array under --bss, fork + exec, fork without exec, threads, read(2)/fread into DLM memory, and
 //! reservations unmapped, moved from and committed as the kernel keeps their mappings. Also:
-//! a program that closes every descriptor keeps its memory, and
+//! a program that closes every descriptor keeps its memory, the runtime maps no library but
+//! its own, and
 //! unreachable servers are reported before the program starts, a program with no eligible
 //! allocation runs normally with a warning, the tuner's decisions are the started
 //! program's even when a process it started ends later, and the private directory of a run
@@ -71,12 +72,9 @@ fn stores_from_signal_handlers_during_faults_survive_eviction() {
 /// asynchronous signals until its call into the runtime returns.
 #[test]
 fn signals_on_a_signal_stack_in_routed_memory_never_hang_the_run() {
-    let (_scratch, prog, direct) = built_and_run_alone("altstack");
-    assert_eq!(direct.stdout, b"ok\n");
-    for (wrapper, arena) in both_wrappers("1M") {
-        let (run, err) = under_wrapper(&wrapper, &prog);
-        assert!(run.status.success(), "{wrapper:?}: {:?}\n{err}", run.status);
-        assert_eq!(run.stdout, b"ok\n", "{wrapper:?}: {err}");
+    let (output, runs) = same_output_under_both("altstack", "1M");
+    assert_eq!(output, "ok\n");
+    for Wrapped { wrapper, arena, err } in runs {
         assert!(err.contains(&format!("1 allocation(s) on {arena} memory")), "{wrapper:?}: not routed:\n{err}");
     }
 }
@@ -243,13 +241,9 @@ x=$(seq 1 200000 | tr "\n" " "); y=$(seq 1 200000 | tr "\n" " "); [ "$x" = "$y" 
 /// comes back right under both, the report is there, and a forked child holds none of them.
 #[test]
 fn a_program_closing_every_descriptor_keeps_its_memory_and_the_report() {
-    let (_scratch, prog, direct) = built_and_run_alone("close_all");
-    let expected = String::from_utf8_lossy(&direct.stdout).into_owned();
+    let (expected, runs) = same_output_under_both("close_all", "8M");
     assert!(expected.contains("within reach after closing all: 0") && expected.contains("child: 0"), "{expected}");
-    for (wrapper, arena) in both_wrappers("8M") {
-        let (run, err) = under_wrapper(&wrapper, &prog);
-        assert!(run.status.success(), "{wrapper:?}: {:?}\n{err}", run.status);
-        assert_eq!(String::from_utf8_lossy(&run.stdout), expected, "{wrapper:?}: {err}");
+    for Wrapped { wrapper, arena, err } in runs {
         assert!(err.contains(&format!("2 allocation(s) on {arena} memory")), "{wrapper:?}: no report:\n{err}");
         assert!(!err.contains("without running its exit handlers"), "{wrapper:?}: {err}");
     }
@@ -260,11 +254,7 @@ fn a_program_closing_every_descriptor_keeps_its_memory_and_the_report() {
 /// say so instead of ending in silence.
 #[test]
 fn a_program_leaving_without_its_exit_handlers_is_told_apart() {
-    let (_scratch, prog, direct) = built_and_run_alone("exit_group");
-    for (wrapper, _) in both_wrappers("4M") {
-        let (run, err) = under_wrapper(&wrapper, &prog);
-        assert!(run.status.success(), "{wrapper:?}: {:?}\n{err}", run.status);
-        assert_eq!(run.stdout, direct.stdout, "{wrapper:?}: {err}");
+    for Wrapped { wrapper, err, .. } in same_output_under_both("exit_group", "4M").1 {
         assert!(err.contains("ended without running its exit handlers"), "{wrapper:?}: nothing said:\n{err}");
         assert!(!err.contains("allocation(s) on"), "{wrapper:?}: a report after all:\n{err}");
     }
@@ -277,11 +267,7 @@ fn a_program_leaving_without_its_exit_handlers_is_told_apart() {
 /// shadow failed: ioctl(UFFDIO_MOVE) failed: Device or resource busy" in 3 runs of 3.
 #[test]
 fn pages_another_process_copies_keep_their_data_and_the_run_goes_on() {
-    let (_scratch, prog, direct) = built_and_run_alone("cma");
-    for (wrapper, arena) in both_wrappers("4M") {
-        let (run, err) = under_wrapper(&wrapper, &prog);
-        assert!(run.status.success(), "{wrapper:?}: {:?}\n{err}", run.status);
-        assert_eq!(run.stdout, direct.stdout, "{wrapper:?}: {err}");
+    for Wrapped { wrapper, arena, err } in same_output_under_both("cma", "4M").1 {
         assert!(err.contains(&format!("2 allocation(s) on {arena} memory")), "{wrapper:?}: no report:\n{err}");
     }
 }
@@ -291,11 +277,7 @@ fn pages_another_process_copies_keep_their_data_and_the_run_goes_on() {
 /// used to warn that nothing ran there.
 #[test]
 fn what_the_processes_a_program_starts_put_on_the_arena_is_reported() {
-    let (_scratch, prog, direct) = built_and_run_alone("starts_worker");
-    for (wrapper, arena) in both_wrappers("4M") {
-        let (run, err) = under_wrapper(&wrapper, &prog);
-        assert!(run.status.success(), "{wrapper:?}: {:?}\n{err}", run.status);
-        assert_eq!(run.stdout, direct.stdout, "{wrapper:?}: {err}");
+    for Wrapped { wrapper, arena, err } in same_output_under_both("starts_worker", "4M").1 {
         let line = format!(
             "pagewise: 2 processes the program started ran on {arena} memory too, each with its own runtime and its \
              own limits: 4 allocation(s) (32 MiB over their runs, at most 8 MiB at once in one), 0 refused"
@@ -312,11 +294,7 @@ fn what_the_processes_a_program_starts_put_on_the_arena_is_reported() {
 /// by its pid in /.
 #[test]
 fn a_program_writing_over_its_environment_keeps_its_report() {
-    let (_scratch, prog, direct) = built_and_run_alone("proctitle");
-    for (wrapper, arena) in both_wrappers("4M") {
-        let (run, err) = under_wrapper(&wrapper, &prog);
-        assert!(run.status.success(), "{wrapper:?}: {:?}\n{err}", run.status);
-        assert_eq!(run.stdout, direct.stdout, "{wrapper:?}: {err}");
+    for Wrapped { wrapper, arena, err } in same_output_under_both("proctitle", "4M").1 {
         assert!(err.contains(&format!("1 allocation(s) on {arena} memory")), "{wrapper:?}: no report:\n{err}");
         assert!(
             err.contains(&format!("1 process the program started ran on {arena} memory too")),
@@ -324,6 +302,66 @@ fn a_program_writing_over_its_environment_keeps_its_report() {
         );
         assert!(!err.contains("without running its exit handlers"), "{wrapper:?}: {err}");
     }
+}
+
+/// The libraries a process maps under each wrapper are its own, the shim, libpagewise.so and
+/// the unwinder Rust's panics need (libgcc_s): nothing more, since every process the program
+/// starts pays for each in memory and start-up time. libm once came in for two calls.
+#[test]
+fn the_runtime_brings_no_library_but_its_own() {
+    ensure_libpagewise();
+    let libraries = |wrapper: &[&str]| -> std::collections::BTreeSet<String> {
+        let mut cmd = match wrapper {
+            [] => Command::new("/bin/cat"),
+            _ => {
+                let mut c = Command::new(pagewise());
+                c.args(wrapper).args(["--", "/bin/cat"]);
+                c
+            }
+        };
+        let out = cmd.arg("/proc/self/maps").output().unwrap();
+        assert!(out.status.success(), "{wrapper:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .filter(|path| path.contains(".so"))
+            .map(|path| path.rsplit('/').next().unwrap().to_string())
+            .collect()
+    };
+    let own = libraries(&[]);
+    assert!(own.iter().any(|l| l.starts_with("libc.so")), "{own:?}");
+    let extra = ["libpagewise_preload.so", "libpagewise.so", "libgcc_s.so.1"];
+    for (wrapper, _) in both_wrappers("4M") {
+        let mapped = libraries(&wrapper);
+        let more: Vec<&String> = mapped.iter().filter(|l| !own.contains(*l) && !extra.contains(&l.as_str())).collect();
+        assert!(more.is_empty(), "{wrapper:?} maps {more:?} beyond cat's own {own:?}");
+        assert!(mapped.contains("libpagewise.so"), "{wrapper:?}: no runtime in {mapped:?}");
+    }
+}
+
+/// What a program printed on its own, and what each wrapper printed on stderr (`wrapper`, the
+/// arena its report names, `err`).
+struct Wrapped {
+    wrapper: Vec<&'static str>,
+    arena: &'static str,
+    err: String,
+}
+
+/// tests/run/NAME.c run on its own and then under both wrappers (`both_wrappers(local_mem)`):
+/// every run succeeds with the same output. Returns that output and each wrapper's stderr, for
+/// the test's checks of what the run said.
+fn same_output_under_both(name: &str, local_mem: &'static str) -> (String, Vec<Wrapped>) {
+    let (_scratch, prog, direct) = built_and_run_alone(name);
+    let runs = both_wrappers(local_mem)
+        .into_iter()
+        .map(|(wrapper, arena)| {
+            let (run, err) = under_wrapper(&wrapper, &prog);
+            assert!(run.status.success(), "{name} under {wrapper:?}: {:?}\n{err}", run.status);
+            assert_eq!(run.stdout, direct.stdout, "{name} under {wrapper:?}: {err}");
+            Wrapped { wrapper, arena, err }
+        })
+        .collect();
+    (String::from_utf8_lossy(&direct.stdout).into_owned(), runs)
 }
 
 /// tests/run/NAME.c built, and run on its own, which must succeed: its scratch directory (kept
@@ -340,7 +378,7 @@ fn built_and_run_alone(name: &str) -> (pagewise_kernel::private_dir::PrivateDir,
 /// The two wrappers a program runs under unmodified, each with the arena its report names:
 /// `pagewise run` on one spawned server with `local_mem` of local memory, and `pagewise hps run`;
 /// both route allocations of 1 MiB and more.
-fn both_wrappers(local_mem: &str) -> [(Vec<&str>, &'static str); 2] {
+fn both_wrappers(local_mem: &'static str) -> [(Vec<&'static str>, &'static str); 2] {
     [
         (vec!["run", "--spawn-servers", "1", "--local-mem", local_mem, "--min-alloc", "1M"], "dlm"),
         (vec!["hps", "run", "--min-alloc", "1M"], "hps"),
