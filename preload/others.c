@@ -1,19 +1,26 @@
-/* What the processes the program started put on the arena, for the run's report.
+/* What the processes the program started or forked did with large allocations, for the run's
+ * report.
  *
  * Every process that loads the shim runs its own runtime: a program `pagewise run` starts, and
  * what that program starts in turn with exec — mpirun's ranks, make's compilers, a shell
  * script's commands. Only the first prints the end-of-run report (shim.c, `reports`). The
  * others used to say nothing, so `pagewise run -- mpirun -np 2 hpcc` warned that nothing ran
- * on DLM memory (mpirun itself allocates little) while both ranks did.
+ * on DLM memory (mpirun itself allocates little) while both ranks did. A child made by fork(2)
+ * routes nothing (shim.c, `child`): the work of a pre-fork server (PostgreSQL's backends) stayed
+ * in local memory while the report warned that the program had made no large allocation.
  *
- * Now each other process that routed anything leaves its counts, at exit, in a file of its own
+ * Now each other process that routed anything, and each forked child that made an allocation
+ * the program's own process would have routed, leaves one line, at exit, in a file of its own
  * in PAGEWISE_PRELOAD_OTHERS (a directory in the run's private directory, which only the
- * run's user can write), and the wrapper sums them once the program has ended. The format,
- * one line, read by crates/cli/src/others.rs (`parse`):
+ * run's user can write), and the wrapper sums them once the program has ended. The formats,
+ * read by crates/cli/src/others.rs (`parse`), decimal counts:
  *
- *     ARENA ALLOCATIONS BYTES PEAK_BYTES REFUSED\n
+ *     started ARENA ALLOCATIONS BYTES PEAK_BYTES REFUSED\n
+ *     forked ARENA ALLOCATIONS BYTES MIN_ALLOC\n
  *
- * decimal counts, as the report's own line gives them for the program.
+ * `started`: as the report's own line gives them for the program. `forked`: the allocations
+ * of at least MIN_ALLOC bytes the child made, all in local memory. A child that leaves with
+ * _exit (Python's multiprocessing workers, redis's BGSAVE) runs no exit handler and leaves none.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -31,15 +38,11 @@ static char others_dir[4096];
 
 void pw_others_configure(void) { pw_copy_env(others_dir, sizeof others_dir, "PAGEWISE_PRELOAD_OTHERS"); }
 
-void pw_others_leave_counts(void) {
-    unsigned long count = atomic_load(&pw_routed_count);
-    if (!others_dir[0] || count == 0)
+/* Leave `line` (n bytes) in a file of this process's own. */
+static void leave_line(const char *line, int n) {
+    if (n <= 0 || n >= 160)
         return;
-    char path[4200], line[160];
-    int n = snprintf(line, sizeof line, "%s %lu %lu %lu %lu\n", pw_arena->name, count,
-                     atomic_load(&pw_routed_bytes), atomic_load(&pw_routed_peak), atomic_load(&pw_fallbacks));
-    if (n <= 0 || n >= (int)sizeof line)
-        return;
+    char path[4200];
     /* Named by the pid; a long run may see a pid again (make's thousands of processes). */
     int fd = -1;
     for (int again = 0; fd < 0 && again < 64; again++) {
@@ -56,6 +59,37 @@ void pw_others_leave_counts(void) {
     ssize_t w = write(fd, line, (size_t)n);
     (void)w; /* a short count leaves a line the wrapper does not parse: it is skipped */
     close(fd);
+}
+
+void pw_others_leave_counts(void) {
+    unsigned long count = atomic_load(&pw_routed_count);
+    if (!others_dir[0] || count == 0)
+        return;
+    char line[160];
+    leave_line(line, snprintf(line, sizeof line, "started %s %lu %lu %lu %lu\n", pw_arena->name, count,
+                              atomic_load(&pw_routed_bytes), atomic_load(&pw_routed_peak), atomic_load(&pw_fallbacks)));
+}
+
+/* What this forked child allocated that its parent would have routed; zeroed in each child. */
+static _Atomic unsigned long kept_count, kept_bytes;
+
+void pw_others_forked(void) {
+    atomic_store(&kept_count, 0);
+    atomic_store(&kept_bytes, 0);
+}
+
+void pw_others_kept_in_child(size_t len) {
+    atomic_fetch_add_explicit(&kept_count, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&kept_bytes, len, memory_order_relaxed);
+}
+
+void pw_others_leave_child_counts(void) {
+    unsigned long count = atomic_load(&kept_count);
+    if (!others_dir[0] || count == 0)
+        return;
+    char line[160];
+    leave_line(line, snprintf(line, sizeof line, "forked %s %lu %lu %zu\n", pw_arena->name, count,
+                              atomic_load(&kept_bytes), pw_min_alloc));
 }
 
 int pw_others_left_counts(void) {

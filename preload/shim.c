@@ -224,7 +224,12 @@ static inline int is_early(void *p) {
 
 /* The size first: almost every call is a small block, decided by one compare. */
 static inline int routable(size_t len) {
-    return len >= pw_min_alloc && !pw_in_shim && atomic_load_explicit(&pw_state, memory_order_acquire) == S_ON;
+    if (len < pw_min_alloc || pw_in_shim)
+        return 0;
+    int state = atomic_load_explicit(&pw_state, memory_order_acquire);
+    if (state == S_CHILD)
+        pw_others_kept_in_child(len);
+    return state == S_ON;
 }
 
 /* A routed block of n bytes, or NULL (use libc). */
@@ -539,6 +544,7 @@ static void child(void) {
     if (!atomic_compare_exchange_strong(&pw_state, &on, S_CHILD))
         atomic_compare_exchange_strong(&pw_state, &down, S_CHILD);
     pw_fork_child();
+    pw_others_forked();
     /* The routed ranges and reservations are the child's plain memory now, or not here: their
      * addresses are the child's to use. The blocks stay known (free_block). */
     pw_ranges_clear(&pw_routed);
@@ -702,6 +708,10 @@ __attribute__((destructor)) static void shim_fini(void) {
         int fd = open(exited_marker, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
         if (fd >= 0)
             close(fd);
+    }
+    if (atomic_load(&pw_state) == S_CHILD) {
+        pw_others_leave_child_counts();
+        return;
     }
     int on = S_ON;
     if (getpid() != owner || !atomic_compare_exchange_strong(&pw_state, &on, S_DOWN))

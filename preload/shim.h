@@ -91,10 +91,16 @@ void pw_fds_close_in_child(int keep);
 /* Copy environment variable `name` into buf (n bytes): empty when unset or too long. The
  * environment's own strings may be overwritten by the program (a process title). */
 void pw_copy_env(char *buf, size_t n, const char *name);
-/* others.c: what the processes the program started routed, for the wrapper's report. */
+/* others.c: what the processes the program started routed, and what its forked children kept
+ * in local memory, for the wrapper's report. */
 void pw_others_configure(void);
 void pw_others_leave_counts(void);
 int pw_others_left_counts(void);
+/* In a forked child: forget the parent's counts (fork); one allocation of len bytes, at least
+ * pw_min_alloc, left in local memory; at exit, leave the counts. */
+void pw_others_forked(void);
+void pw_others_kept_in_child(size_t len);
+void pw_others_leave_child_counts(void);
 
 /* Write a note on the shim's own copy of stderr. */
 void pw_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

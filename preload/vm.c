@@ -145,18 +145,27 @@ static void reserve(uintptr_t addr, size_t len) {
     pthread_mutex_unlock(&pw_lock);
 }
 
-PW_EXPORT void *mmap(void *a, size_t len, int prot, int flags, int fd, off_t off) {
-    int state = atomic_load_explicit(&pw_state, memory_order_acquire);
-    if (pw_in_shim || len == 0 || (state != S_ON && state != S_DOWN))
-        return pw_sys_mmap(a, len, prot, flags, fd, off);
-    size_t plen = pw_page_up(len);
+/* Private anonymous memory, placed or not (what the shim may route). */
+static inline int anon_private(int flags) {
     const int placement = MAP_FIXED | MAP_FIXED_NOREPLACE;
     const int harmless = MAP_NORESERVE | MAP_POPULATE | MAP_STACK;
-    int anon_private = (flags & MAP_ANONYMOUS) && (flags & MAP_TYPE) == MAP_PRIVATE &&
-                       !(flags & ~(MAP_PRIVATE | MAP_ANONYMOUS | placement | harmless));
+    return (flags & MAP_ANONYMOUS) && (flags & MAP_TYPE) == MAP_PRIVATE &&
+           !(flags & ~(MAP_PRIVATE | MAP_ANONYMOUS | placement | harmless));
+}
+
+PW_EXPORT void *mmap(void *a, size_t len, int prot, int flags, int fd, off_t off) {
+    int state = atomic_load_explicit(&pw_state, memory_order_acquire);
+    if (pw_in_shim || len == 0 || (state != S_ON && state != S_DOWN)) {
+        /* A forked child routes nothing: counted where its parent would have routed. */
+        if (state == S_CHILD && !pw_in_shim && len >= pw_min_alloc && anon_private(flags) &&
+            prot == (PROT_READ | PROT_WRITE))
+            pw_others_kept_in_child(len);
+        return pw_sys_mmap(a, len, prot, flags, fd, off);
+    }
+    size_t plen = pw_page_up(len);
     int big = len >= pw_min_alloc && state == S_ON;
-    int routable = anon_private && prot == (PROT_READ | PROT_WRITE) && big;
-    int reservation = anon_private && prot == PROT_NONE && big;
+    int routable = anon_private(flags) && prot == (PROT_READ | PROT_WRITE) && big;
+    int reservation = anon_private(flags) && prot == PROT_NONE && big;
     if ((flags & MAP_FIXED) && aligned(a)) {
         /* Whatever is there stops being the arena's, then the new mapping replaces it. */
         if (atomic_load(&pw_tracked)) {

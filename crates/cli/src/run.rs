@@ -289,9 +289,10 @@ impl EmbeddedFile {
         }
     }
 
-    /// After the program ended: one line for what the processes it started put on the arena.
+    /// After the program ended: what the processes it started put on the arena, and what those
+    /// it forked kept in local memory (a line each, when there are any).
     pub(crate) fn tell_what_others_did(&self) {
-        if let Some(line) = crate::others::summary(&crate::others::read(&self.dir.join("others"))) {
+        for line in crate::others::summary(&crate::others::read(&self.dir.join("others"))) {
             eprintln!("{line}");
         }
     }

@@ -287,6 +287,21 @@ fn what_the_processes_a_program_starts_put_on_the_arena_is_reported() {
     }
 }
 
+/// A pre-fork server (PostgreSQL's backends do its work): a forked child routes nothing of its
+/// own, and the report says what the children kept in local memory, where the program's own
+/// line alone made it look as if the work had run on the arena.
+#[test]
+fn what_forked_workers_keep_in_local_memory_is_reported() {
+    for Wrapped { wrapper, arena, err } in same_output_under_both("forks_workers", "4M").1 {
+        assert!(err.contains(&format!("1 allocation(s) on {arena} memory")), "{wrapper:?}: no report:\n{err}");
+        let line = format!(
+            "pagewise: 2 processes the program forked kept 8 allocation(s) of at least 1048576 bytes (16 MiB over \
+             their runs) in local memory, not on {arena} memory"
+        );
+        assert!(err.contains(&line), "{wrapper:?}: not reported:\n{err}");
+    }
+}
+
 /// A program that writes its process title over its environment (redis-server, nginx,
 /// PostgreSQL) still gets its report, and the line for the worker it starts: the shim keeps
 /// copies of what it read there. With pointers into the environment, `pagewise run` said
