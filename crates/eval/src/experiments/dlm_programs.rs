@@ -1,7 +1,8 @@
 //! `dlm-programs`: DLM under third-party programs nobody here wrote, run unmodified with
 //! `pagewise run` (issue 22) — HPC Challenge (`hpcc`, one rank), 7-Zip's benchmark with a large
-//! dictionary, `xz -9`, GNU `sort` with a large buffer, python3 + numpy — against Linux's own
-//! paging at the same local memory.
+//! dictionary, `xz -9`, GNU `sort` with a large buffer, python3 + numpy (FFT, matrix multiply
+//! and sort; and a file through np.memmap widened and summed, arrays swept front to back) —
+//! against Linux's own paging at the same local memory.
 //!
 //! For each program: a plain run first measures its footprint (peak RSS, wait4(2)) and gives
 //! the reference output (crates/eval/src/programs: the whole output by digest, or the
@@ -34,9 +35,10 @@
 //! Sizes: `--quick` runs 25% and 5% only, fixed sizes 4 KiB, 64 KiB and 1 MiB, small inputs
 //! (hpcc N = 600, 7-Zip archiving 4 MB with a 16 MiB dictionary instead of its benchmark,
 //! whose length it picks itself from a speed estimate; xz of 1 MB, sort of 8 MB with `-S 32M`,
-//! numpy on 1 M doubles) and a budget of 6× the plain run (10–30 s, at least 2×); `--full`
-//! runs 50/25/10/5%, every power of two from 4 KiB to 1 MiB, hpcc N = 4000, 7-Zip up to 32 MiB, xz of 24 MB,
-//! sort of 160 MB with `-S 512M`, numpy on 8 M doubles, a budget of 20× (60–900 s, at least 2×).
+//! numpy on 1 M doubles, numpy streaming a 16 MB file) and a budget of 6× the plain run (10–30
+//! s, at least 2×); `--full` runs 50/25/10/5%, every power of two from 4 KiB to 1 MiB, hpcc
+//! N = 4000, 7-Zip up to 32 MiB, xz of 24 MB, sort of 160 MB with `-S 512M`, numpy on 8 M
+//! doubles, numpy streaming 96 MB, a budget of 20× (60–900 s, at least 2×).
 //!
 //! The time compared is the process's wall time (start-up included, the servers' start not);
 //! for 7-Zip's benchmark, which runs for a time it picks, the inverse of its total
@@ -148,6 +150,7 @@ fn programs(mode: crate::Mode, dir: &Path) -> anyhow::Result<Vec<Program>> {
             comm: "sort",
         },
         Program { job: jobs::numpy(&sub("numpy")?, mode.pick(1 << 20, 8 << 20))?, comm: "python3" },
+        Program { job: jobs::numpy_stream(&sub("numpy-stream")?, mode.pick(16 << 20, 96 << 20))?, comm: "python3" },
     ])
 }
 
@@ -279,7 +282,7 @@ impl Experiment for DlmPrograms {
     }
 
     fn description(&self) -> &'static str {
-        "third-party programs (hpcc, 7-Zip, xz, sort, numpy) unmodified under `pagewise run`: auto vs every fixed page size, vs zram and disk swap at the same local memory, and the unmodified path vs the library path (issue 22)"
+        "third-party programs (hpcc, 7-Zip, xz, sort, numpy, numpy streaming) unmodified under `pagewise run`: auto vs every fixed page size, vs zram and disk swap at the same local memory, and the unmodified path vs the library path (issue 22)"
     }
 
     fn run(&self, ctx: &mut Context) -> anyhow::Result<Report> {

@@ -13,6 +13,7 @@ use super::{Canon, Job};
 const NUMPY_WORK: &str = include_str!("../../programs/numpy_work.py");
 const HPS_GATHER: &str = include_str!("../../programs/hps_gather.py");
 const NUMPY_FORK_POOL: &str = include_str!("../../programs/numpy_fork_pool.py");
+const NUMPY_STREAM: &str = include_str!("../../programs/numpy_stream.py");
 const HEAP_WORK: &str = include_str!("../../programs/HeapWork.java");
 
 /// Debian's python3, which has python3-numpy; not whatever `python3` is first on PATH (a
@@ -211,6 +212,17 @@ pub fn sort(dir: &Path, bytes: u64, buffer: u64) -> anyhow::Result<Job> {
 pub fn numpy(dir: &Path, n: usize) -> anyhow::Result<Job> {
     write(&dir.join("numpy_work.py"), NUMPY_WORK.as_bytes())?;
     let mut j = job("numpy", dir, &[DEBIAN_PYTHON, "numpy_work.py", &n.to_string()], Canon::Stdout);
+    one_thread(&mut j);
+    Ok(j)
+}
+
+/// Debian's python3 + numpy sweeping arrays front to back: a generated file of `bytes` read
+/// through np.memmap, copied, widened to 64 bits (8 × `bytes`), scaled, summed and counted
+/// (crates/eval/programs/numpy_stream.py).
+pub fn numpy_stream(dir: &Path, bytes: u64) -> anyhow::Result<Job> {
+    write(&dir.join("numpy_stream.py"), NUMPY_STREAM.as_bytes())?;
+    write_text(&dir.join("stream-input.txt"), bytes)?;
+    let mut j = job("numpy-stream", dir, &[DEBIAN_PYTHON, "numpy_stream.py", "stream-input.txt"], Canon::Stdout);
     one_thread(&mut j);
     Ok(j)
 }
