@@ -26,6 +26,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,11 +39,18 @@ static char others_dir[4096];
 
 void pw_others_configure(void) { pw_copy_env(others_dir, sizeof others_dir, "PAGEWISE_PRELOAD_OTHERS"); }
 
-/* Leave `line` (n bytes) in a file of this process's own. */
-static void leave_line(const char *line, int n) {
-    if (n <= 0 || n >= 160)
+/* Leave one line (`fmt` and its arguments) in a file of this process's own, when the run has a
+ * directory for them and there is something to count. */
+__attribute__((format(printf, 2, 3))) static void leave(unsigned long count, const char *fmt, ...) {
+    if (!others_dir[0] || count == 0)
         return;
-    char path[4200];
+    char line[160], path[4200];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n <= 0 || n >= (int)sizeof line)
+        return;
     /* Named by the pid; a long run may see a pid again (make's thousands of processes). */
     int fd = -1;
     for (int again = 0; fd < 0 && again < 64; again++) {
@@ -63,11 +71,8 @@ static void leave_line(const char *line, int n) {
 
 void pw_others_leave_counts(void) {
     unsigned long count = atomic_load(&pw_routed_count);
-    if (!others_dir[0] || count == 0)
-        return;
-    char line[160];
-    leave_line(line, snprintf(line, sizeof line, "started %s %lu %lu %lu %lu\n", pw_arena->name, count,
-                              atomic_load(&pw_routed_bytes), atomic_load(&pw_routed_peak), atomic_load(&pw_fallbacks)));
+    leave(count, "started %s %lu %lu %lu %lu\n", pw_arena->name, count, atomic_load(&pw_routed_bytes),
+          atomic_load(&pw_routed_peak), atomic_load(&pw_fallbacks));
 }
 
 /* What this forked child allocated that its parent would have routed; zeroed in each child. */
@@ -85,11 +90,7 @@ void pw_others_kept_in_child(size_t len) {
 
 void pw_others_leave_child_counts(void) {
     unsigned long count = atomic_load(&kept_count);
-    if (!others_dir[0] || count == 0)
-        return;
-    char line[160];
-    leave_line(line, snprintf(line, sizeof line, "forked %s %lu %lu %zu\n", pw_arena->name, count,
-                              atomic_load(&kept_bytes), pw_min_alloc));
+    leave(count, "forked %s %lu %lu %zu\n", pw_arena->name, count, atomic_load(&kept_bytes), pw_min_alloc);
 }
 
 int pw_others_left_counts(void) {

@@ -222,7 +222,8 @@ static inline int is_early(void *p) {
 
 /* ---- the blocks the shim's malloc routed ---- */
 
-/* The size first: almost every call is a small block, decided by one compare. */
+/* The size first: almost every call is a small block, decided by one compare. In a forked child
+ * nothing is routed; a block its parent would have routed is counted for the report (others.c). */
 static inline int routable(size_t len) {
     if (len < pw_min_alloc || pw_in_shim)
         return 0;
