@@ -2,8 +2,8 @@
 //!
 //! Slots form the clock's circle. A victim is the first slot under the hand whose reference bit
 //! is clear; referenced slots passed over get their bit cleared (a second chance), and the
-//! caller hears of each (`victim`'s `on_second_chance`) so it can arrange to see the entry's
-//! next use — the runtime unmaps the unit's pages, keeping their data, so the next access
+//! caller hears of each (`victim`'s `on_second_chance`, which may refuse it: `sampling.rs`) so
+//! it can arrange to see the entry's next use — the runtime unmaps the unit's pages, keeping their data, so the next access
 //! faults and sets the bit again (`runtime.rs`, "Reference bits"). A new unit
 //! takes a free slot; free slots appear where the hand just evicted, so new units land right
 //! behind the hand, as in Corbató's CLOCK. Capacity is fixed up front so inserting never
@@ -84,15 +84,16 @@ impl<K: Copy> Clock<K> {
     }
 
     /// The next victim (not removed): the first unreferenced entry under the hand, clearing
-    /// reference bits on the way and calling `on_second_chance` with each entry whose bit it
-    /// cleared.
+    /// reference bits on the way and calling `on_second_chance` with each referenced entry;
+    /// an entry for which it returns false gets no second chance and is the victim
+    /// (`sampling.rs`: when the bits tell units apart too seldom to be worth seeing).
     ///
     /// When the hand comes round having found every entry referenced — a scan brings in units
     /// faster than the hand turns, so every entry is fresh — plain CLOCK takes whatever is under
     /// the hand, which may be the unit the program keeps using. Here the tie goes to the first
     /// entry never used since it was inserted (the scan's), as 2Q keeps once-used pages apart
     /// from reused ones; only if every entry was reused does the one under the hand go.
-    pub fn victim(&mut self, mut on_second_chance: impl FnMut(&mut K)) -> Option<usize> {
+    pub fn victim(&mut self, mut on_second_chance: impl FnMut(&mut K) -> bool) -> Option<usize> {
         if self.len == 0 {
             return None;
         }
@@ -104,8 +105,10 @@ impl<K: Copy> Clock<K> {
                 if !s.referenced {
                     return Some(i);
                 }
+                if !on_second_chance(&mut s.key) {
+                    return Some(i);
+                }
                 s.referenced = false;
-                on_second_chance(&mut s.key);
             }
         }
         // A whole turn found every entry referenced (and cleared it).
@@ -136,15 +139,42 @@ mod tests {
         let _ = c.insert('c').unwrap();
         // First sweep clears every bit (and reports each); 'a' is then the oldest unreferenced.
         let mut passed = Vec::new();
-        assert_eq!(c.victim(|k| passed.push(*k)), Some(a));
+        assert_eq!(
+            c.victim(|k| {
+                passed.push(*k);
+                true
+            }),
+            Some(a)
+        );
         assert_eq!(passed, ['a', 'b', 'c']);
         c.touch(b);
         c.remove(a);
         // The hand is past 'a'; 'b' was touched again, so 'c' goes.
         passed.clear();
-        let v = c.victim(|k| passed.push(*k)).unwrap();
+        let v = c
+            .victim(|k| {
+                passed.push(*k);
+                true
+            })
+            .unwrap();
         assert_eq!(c.get(v), Some(&'c'));
         assert_eq!(passed, ['b']);
+    }
+
+    #[test]
+    fn a_refused_second_chance_makes_the_victim() {
+        let mut c = Clock::with_capacity(3);
+        let _ = c.insert('a').unwrap();
+        let b = c.insert('b').unwrap();
+        let _ = c.insert('c').unwrap();
+        // All referenced: 'a' gets its chance, 'b' is refused one and goes; 'c' is not passed.
+        let mut passed = Vec::new();
+        let v = c.victim(|k| {
+            passed.push(*k);
+            *k != 'b'
+        });
+        assert_eq!(v, Some(b));
+        assert_eq!(passed, ['a', 'b']);
     }
 
     #[test]
@@ -168,7 +198,7 @@ mod tests {
                     0 => if let Some(s) = c.insert(x) { live.insert(s); },
                     1 => { c.touch(x); }
                     2 => if c.remove(x).is_some() { live.remove(&x); },
-                    _ => if let Some(v) = c.victim(|_| {}) { prop_assert!(live.contains(&v)); },
+                    _ => if let Some(v) = c.victim(|_| true) { prop_assert!(live.contains(&v)); },
                 }
                 prop_assert_eq!(c.len(), live.len());
             }
@@ -186,13 +216,13 @@ mod tests {
             let mut hot_evictions = 0;
             for i in 0..scan {
                 if c.insert(i).is_none() {
-                    let v = c.victim(|_| {}).unwrap();
+                    let v = c.victim(|_| true).unwrap();
                     c.remove(v);
                     c.insert(i).unwrap();
                     if v == hot {
                         hot_evictions += 1;
                         hot = c.insert(HOT).unwrap_or_else(|| {
-                            let w = c.victim(|_| {}).unwrap();
+                            let w = c.victim(|_| true).unwrap();
                             c.remove(w);
                             c.insert(HOT).unwrap()
                         });
@@ -210,12 +240,12 @@ mod tests {
             let mut c = Clock::with_capacity(cap);
             let slots: Vec<usize> = (0..cap).map(|k| c.insert(k).unwrap()).collect();
             // One full turn clears every bit; then re-reference some.
-            let first = c.victim(|_| {}).unwrap();
+            let first = c.victim(|_| true).unwrap();
             c.remove(first);
             for (&s, &t) in slots.iter().zip(&touched) {
                 if t && s != first { c.touch(s); }
             }
-            let v = c.victim(|_| {}).unwrap();
+            let v = c.victim(|_| true).unwrap();
             let any_cold = slots.iter().zip(&touched).any(|(&s, &t)| s != first && !t);
             if any_cold {
                 prop_assert!(!touched[slots.iter().position(|&s| s == v).unwrap()]);

@@ -32,6 +32,7 @@ pub mod process;
 pub mod proto;
 pub mod redundancy;
 pub mod runtime;
+pub mod sampling;
 pub mod server;
 mod signals;
 pub mod transport;

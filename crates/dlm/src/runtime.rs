@@ -70,9 +70,11 @@
 //! and moved back (`move_in`: write-protected while clean). Memfd areas: MADV_DONTNEED on the
 //! shared view (the pages stay in the memfd), a minor fault, UFFDIO_CONTINUE. SIGSEGV areas:
 //! PROT_NONE. The cost is one move or madvise per pass of the hand and one fault per unit
-//! still in use; `Stats::second_chances` and `reference_faults` count them. When every unit
-//! is referenced (a scan outruns the hand) the tie goes to a unit never used since it came in
-//! (`clock.rs`). Anonymous areas without a shadow (kernels without UFFDIO_MOVE nor shmem
+//! still in use; `Stats::second_chances` and `reference_faults` count them. That cost pays
+//! only while the bits tell units apart: when nearly every armed unit comes back (a program
+//! using all it holds), second chances thin out and the hand takes units as they come
+//! (`sampling.rs`; `Stats::second_chances_refused`). When every unit is referenced (a scan
+//! outruns the hand) the tie goes to a unit never used since it came in (`clock.rs`). Anonymous areas without a shadow (kernels without UFFDIO_MOVE nor shmem
 //! userfaultfd) cannot be armed — dropping their pages would lose the only copy — so there
 //! reads stay unseen; so with `Config::sample_references` off.
 //!
@@ -237,6 +239,9 @@ pub struct Stats {
     pub second_chances: u64,
     /// Accesses to armed units: each a reference the eviction policy saw.
     pub reference_faults: u64,
+    /// Referenced units the hand evicted without a second chance: armed units came back too
+    /// often for arming to pay (`sampling.rs`).
+    pub second_chances_refused: u64,
     /// Times the handler thread pinned the program's one thread and itself to one CPU
     /// (`Config::colocate`, `runtime/colocate.rs`).
     pub colocations: u64,
@@ -354,6 +359,8 @@ pub(crate) struct State {
     buf: Vec<u8>,
     zeros: Vec<u8>,
     stats: Stats,
+    /// How often the hand arms units (`sampling.rs`).
+    sampling: crate::sampling::Sampling,
     measure: crate::measure::Measure,
     /// The handler thread's CPU clock (handler-thread mode, once it runs): its time is the
     /// runtime's, not the program's (`State::program_cpu`).
@@ -479,7 +486,7 @@ impl Dlm {
         // Units the kernel will not let go stay (`pinned.rs`): each is met again once the
         // hand has gone round, and then there is nothing else left to evict.
         let mut refused = 0;
-        while let Some(v) = st.clock.victim(|_| {}) {
+        while let Some(v) = st.clock.victim(|_| true) {
             if !self.inner.evict(&mut st, v, &mut run) {
                 refused += 1;
             }

@@ -16,7 +16,8 @@ use crate::proto::{Header, Opcode};
 
 impl Inner {
     /// Make room for `bytes` more under the local limit. Units the hand gives a second chance
-    /// are armed (`arm`) on the way.
+    /// are armed (`arm`) on the way, as often as their return rate makes it pay
+    /// (`sampling.rs`).
     pub(super) fn make_room(&self, st: &mut State, bytes: usize) {
         debug_assert!(!st.move_ins.gathering, "gathered move-ins are done before evicting");
         let mut run = Run::new(self.uffd.as_ref());
@@ -25,15 +26,24 @@ impl Inner {
         // resident unit is pinned.
         let mut refusals = 0;
         while st.resident + bytes > self.cfg.local_mem {
-            let State { clock, areas, stats, frames, borrowed, .. } = &mut *st;
+            let State { clock, areas, stats, frames, borrowed, sampling, .. } = &mut *st;
             let b = self.cfg.base_page;
             let sample = self.cfg.sample_references;
             let victim = clock.victim(|e| {
+                if !sample || e.armed {
+                    return true;
+                }
+                if !sampling.second_chance() {
+                    stats.second_chances_refused += 1;
+                    return false;
+                }
                 let a = areas[e.area as usize].as_ref().expect("live area");
-                if sample && !e.armed && self.arm(a, e, b, &mut run, frames, borrowed) {
+                if self.arm(a, e, b, &mut run, frames, borrowed) {
                     e.armed = true;
                     stats.second_chances += 1;
+                    sampling.armed();
                 }
+                true
             });
             match victim {
                 Some(v) => {

@@ -153,6 +153,7 @@ impl Inner {
                 }
                 let open = dirty || entry.clean_hash.is_some();
                 st.stats.reference_faults += 1;
+                st.sampling.returned();
                 self.map_again(st, ai, e.first as usize, start, len, open);
                 return Served::Ours;
             }

@@ -166,6 +166,7 @@ impl Dlm {
                 local_limit: cfg.local_mem,
                 ..Default::default()
             },
+            sampling: Default::default(),
         };
         let inner = Arc::new(Inner {
             cfg,
