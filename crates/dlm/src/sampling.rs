@@ -10,9 +10,10 @@
 //! They do not pay when nearly every armed unit comes back before the hand does: the program
 //! uses all of what is resident, so keeping one unit rather than another saves nothing, and
 //! each eviction pays for every referenced unit the hand passes on its way to an unreferenced
-//! one. A JVM summing its heap in scattered order with local memory 5% short of it took 300 µs
-//! per fetch instead of 60 µs that way: 6.6 reference faults per fetch (issue 22, a CI run
-//! killed at its time limit).
+//! one. Random reads over 48 MiB with 5% of it not local (64 KiB units, handler thread) paid
+//! 6.6 reference faults per fetch and took 46.7 s, against 19.0 s with second chances thinned
+//! as below; a JVM summing its heap in scattered order, 2 MiB short, 22.5 s against 1.9 s
+//! (issue 22: a CI run killed at its time limit).
 //!
 //! So the policy watches the *return rate* — of the units armed lately, the share whose next
 //! access came (decayed counts, about the last [`WINDOW`] arms). While it is at most
