@@ -27,20 +27,22 @@ fn read(base: usize, unit: usize) {
     }
 }
 
-fn scenario(mode: FaultMode) {
+/// A runtime of `local_units` units of one base page each, read-ahead off (these tests count
+/// fetches: read-ahead would bring in units nobody asked for), and an area of `units` units,
+/// each written with its [`value`] at its first and last word: the runtime and the area's
+/// address.
+fn start(local_units: usize, mode: FaultMode, units: usize) -> (Dlm, usize) {
     let cfg = Config {
         servers: vec![std::env::var("DLM_TEST_SERVER").unwrap()],
-        local_mem: LOCAL_UNITS * UNIT,
+        local_mem: local_units * UNIT,
         base_page: UNIT,
         max_set: 1,
         set_count: 1,
         fault_mode: mode,
-        // Read-ahead would bring in units nobody asked for; this test counts fetches.
         readahead: 0,
         ..Config::default()
     };
     let dlm = Dlm::init(cfg).expect("init");
-    let units = COLD_UNITS + 1;
     let base = dlm.alloc(units * UNIT).expect("alloc") as usize;
     for u in 0..units {
         let p = (base + u * UNIT) as *mut u64;
@@ -50,6 +52,12 @@ fn scenario(mode: FaultMode) {
             p.add(UNIT / 8 - 1).write_volatile(value(u));
         }
     }
+    (dlm, base)
+}
+
+fn scenario(mode: FaultMode) {
+    let units = COLD_UNITS + 1;
+    let (dlm, base) = start(LOCAL_UNITS, mode, units);
     // Everything home, nothing resident: every unit read below is fetched.
     dlm.evict_all();
     let before = dlm.stats();
@@ -77,26 +85,7 @@ fn scenario(mode: FaultMode) {
 fn uniform_scenario() {
     const LOCAL: usize = 32;
     const UNITS: usize = LOCAL + LOCAL / 10 + 1;
-    let cfg = Config {
-        servers: vec![std::env::var("DLM_TEST_SERVER").unwrap()],
-        local_mem: LOCAL * UNIT,
-        base_page: UNIT,
-        max_set: 1,
-        set_count: 1,
-        fault_mode: FaultMode::HandlerThread,
-        readahead: 0,
-        ..Config::default()
-    };
-    let dlm = Dlm::init(cfg).expect("init");
-    let base = dlm.alloc(UNITS * UNIT).expect("alloc") as usize;
-    for u in 0..UNITS {
-        let p = (base + u * UNIT) as *mut u64;
-        // SAFETY: inside the area.
-        unsafe {
-            p.write_volatile(value(u));
-            p.add(UNIT / 8 - 1).write_volatile(value(u));
-        }
-    }
+    let (dlm, base) = start(LOCAL, FaultMode::HandlerThread, UNITS);
     let before = dlm.stats();
     let mut k: u64 = 7;
     for _ in 0..20_000 {
