@@ -3,9 +3,9 @@
 //! Slots form the clock's circle. A victim is the first slot under the hand whose reference bit
 //! is clear; referenced slots passed over get their bit cleared (a second chance), and the
 //! caller hears of each (`victim`'s `on_second_chance`, which may refuse it: `sampling.rs`) so
-//! it can arrange to see the entry's next use — the runtime unmaps the unit's pages, keeping their data, so the next access
-//! faults and sets the bit again (`runtime.rs`, "Reference bits"). A new unit
-//! takes a free slot; free slots appear where the hand just evicted, so new units land right
+//! it can arrange to see the entry's next use — the runtime unmaps the unit's pages, keeping
+//! their data, so the next access faults and sets the bit again (`runtime.rs`, "Reference
+//! bits"). A new unit takes a free slot; free slots appear where the hand just evicted, so new units land right
 //! behind the hand, as in Corbató's CLOCK. Capacity is fixed up front so inserting never
 //! allocates (the DLM fault path may run inside a signal handler).
 
@@ -137,27 +137,22 @@ mod tests {
         let a = c.insert('a').unwrap();
         let b = c.insert('b').unwrap();
         let _ = c.insert('c').unwrap();
-        // First sweep clears every bit (and reports each); 'a' is then the oldest unreferenced.
-        let mut passed = Vec::new();
-        assert_eq!(
-            c.victim(|k| {
+        // The victim, every second chance given, and the entries the hand passed on the way.
+        let victim = |c: &mut Clock<char>| {
+            let mut passed = Vec::new();
+            let v = c.victim(|k| {
                 passed.push(*k);
                 true
-            }),
-            Some(a)
-        );
-        assert_eq!(passed, ['a', 'b', 'c']);
+            });
+            (v, passed)
+        };
+        // First sweep clears every bit (and reports each); 'a' is then the oldest unreferenced.
+        assert_eq!(victim(&mut c), (Some(a), vec!['a', 'b', 'c']));
         c.touch(b);
         c.remove(a);
         // The hand is past 'a'; 'b' was touched again, so 'c' goes.
-        passed.clear();
-        let v = c
-            .victim(|k| {
-                passed.push(*k);
-                true
-            })
-            .unwrap();
-        assert_eq!(c.get(v), Some(&'c'));
+        let (v, passed) = victim(&mut c);
+        assert_eq!(c.get(v.unwrap()), Some(&'c'));
         assert_eq!(passed, ['b']);
     }
 

@@ -74,7 +74,8 @@
 //! only while the bits tell units apart: when nearly every armed unit comes back (a program
 //! using all it holds), second chances thin out and the hand takes units as they come
 //! (`sampling.rs`; `Stats::second_chances_refused`). When every unit is referenced (a scan
-//! outruns the hand) the tie goes to a unit never used since it came in (`clock.rs`). Anonymous areas without a shadow (kernels without UFFDIO_MOVE nor shmem
+//! outruns the hand) the tie goes to a unit never used since it came in (`clock.rs`).
+//! Anonymous areas without a shadow (kernels without UFFDIO_MOVE nor shmem
 //! userfaultfd) cannot be armed — dropping their pages would lose the only copy — so there
 //! reads stay unseen; so with `Config::sample_references` off.
 //!
