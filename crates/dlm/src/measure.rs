@@ -10,12 +10,14 @@
 //!   A window's cost is its wall time per second of the program's own CPU time (`tune/window.rs`
 //!   says why): the runtime reads the program's CPU clock (the process's less its own thread's)
 //!   when a window opens and closes; faults served on the program's threads (SIGBUS) are not
-//!   the program's work and are taken out here.
+//!   the program's work and are taken out here. The runtime also counts the bytes each window
+//!   fetched and how many of them continued a stream: a sweep's cost is its wall time per
+//!   byte streamed (`tune/window.rs`, "Sweeps").
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::tune::window::TRIAL_WINDOW_DIVISOR;
+use crate::tune::window::{Cost, TRIAL_WINDOW_DIVISOR};
 use crate::tune::{Decision, LoopState, Touched, TunerConfig, WindowTuner};
 
 /// The loop id of tuning windows.
@@ -41,6 +43,10 @@ pub(crate) struct Measure {
     pub faults_on_program_threads: bool,
     pub window_faults: u64,
     pub window_fault_time: Duration,
+    /// Bytes the window fetched (demand and read-ahead), and those of them that continued a
+    /// stream.
+    pub window_fetched: u64,
+    pub window_streamed: u64,
     pub decisions: Vec<Decision>,
     /// Decisions not kept (the log was full).
     pub dropped: u64,
@@ -69,6 +75,8 @@ impl Measure {
             faults_on_program_threads,
             window_faults: 0,
             window_fault_time: Duration::ZERO,
+            window_fetched: 0,
+            window_streamed: 0,
             decisions: Vec::with_capacity(MAX_DECISIONS),
             dropped: 0,
             loop_faults: 0,
@@ -97,6 +105,14 @@ impl Measure {
             && now.duration_since(self.window_start) >= length
     }
 
+    /// `bytes` requested from the memory servers; `streamed`: they continue a stream.
+    pub fn fetched(&mut self, bytes: usize, streamed: bool) {
+        self.window_fetched += bytes as u64;
+        if streamed {
+            self.window_streamed += bytes as u64;
+        }
+    }
+
     /// Close the window: decide from what it touched and its cost; returns the new set count.
     /// `program_cpu`: the program's CPU time now, all its threads, the runtime's own thread not
     /// counted.
@@ -107,15 +123,17 @@ impl Measure {
         self.window_state.set()
     }
 
-    /// Wall seconds per second of the program's work in the window now closing.
-    fn window_cost(&self, now: Instant, program_cpu: Duration) -> f64 {
+    /// The window now closing: wall seconds per second of the program's work, and per GB
+    /// streamed if it was a stream.
+    fn window_cost(&self, now: Instant, program_cpu: Duration) -> Cost {
         let wall = now.duration_since(self.window_start).as_secs_f64();
         let mut work = program_cpu.saturating_sub(self.window_cpu);
         if self.faults_on_program_threads {
             work = work.saturating_sub(self.window_fault_time);
         }
         // A program that hardly ran (it sleeps, or waits for input) says little: bounded.
-        wall / work.as_secs_f64().max(wall * 1e-3).max(1e-9)
+        let per_cpu = wall / work.as_secs_f64().max(wall * 1e-3).max(1e-9);
+        Cost::of_window(wall, per_cpu, self.window_fetched, self.window_streamed)
     }
 
     /// A fault of the measured loop: whether it has faulted more than twice its local units
@@ -133,6 +151,8 @@ impl Measure {
         self.window_cpu = program_cpu;
         self.window_faults = 0;
         self.window_fault_time = Duration::ZERO;
+        self.window_fetched = 0;
+        self.window_streamed = 0;
     }
 }
 
@@ -192,5 +212,26 @@ mod tests {
         for _ in 0..2 * MIN_WINDOW_FAULTS {
             assert!(!m.fault(Duration::ZERO, start + Duration::from_secs(1)));
         }
+    }
+
+    #[test]
+    fn a_window_that_streamed_is_measured_by_its_bytes_and_looks_up_first() {
+        let t = TunerConfig { base_page: 4096, local_mem: 64 * 4096, min_set: 1, max_set: 8 };
+        let ms = Duration::from_millis;
+        let mut m = Measure::new(t, true, ms(10), false, Duration::ZERO);
+        let start = m.window_start;
+        // What the windows touch does not fit: without a stream the first look is down.
+        let mut touched = Touched::default();
+        touched.units[..4].copy_from_slice(&[40, 40, 40, 100]);
+        assert_eq!(m.close_window(&touched, start + ms(20), ms(5)), 4);
+        // 90% of 1 MB continued a stream: the first look up, by the longest jump (to 8, where
+        // the range ends).
+        m.fetched(900_000, true);
+        m.fetched(100_000, false);
+        assert_eq!(m.close_window(&touched, start + ms(40), ms(10)), 8);
+        // The decision logs the CPU measure: 20 ms for 5 ms of work.
+        assert!((m.decisions[1].loop_time - 4.0).abs() < 1e-9, "{:?}", m.decisions[1]);
+        // The next window counts afresh.
+        assert_eq!((m.window_fetched, m.window_streamed), (0, 0));
     }
 }

@@ -182,7 +182,7 @@ impl Inner {
         }
         // Read-ahead: a fault that continues the last one (or lands on read-ahead) grows the
         // window; anything else resets it.
-        let ra = {
+        let (ra, sequential) = {
             let a = st.areas[ai].as_mut().expect("present");
             let (sequential, max) = match a.access {
                 Access::Normal => (was_inflight || first == a.last_end, self.cfg.readahead),
@@ -191,8 +191,11 @@ impl Inner {
             };
             a.window = crate::layout::next_window(a.window, sequential, max);
             a.last_end = first + count;
-            a.window
+            (a.window, sequential)
         };
+        if !was_inflight {
+            st.measure.fetched(count * b, sequential);
+        }
         // Keep read-ahead within a quarter of the local limit so it never evicts the stream.
         let ra = ra.min(self.cfg.local_mem / 4 / (set * b)).min(MAX_PENDING / 2);
         // Top the window up in batches: only once less than half of it is still ahead, then
@@ -219,6 +222,8 @@ impl Inner {
                 let a = st.areas[ai].as_ref().expect("present");
                 if a.slot[f..f + c].contains(&NONE) {
                     self.request_ahead(st, ai, f, c, &mut group);
+                    // Read-ahead follows streams only.
+                    st.measure.fetched(c * b, true);
                 }
                 next = f + c;
             }

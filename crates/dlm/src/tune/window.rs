@@ -46,11 +46,33 @@
 //! both ways have lost, the home is settled and trials thin out (the wait doubles up to
 //! [`MAX_SETTLE_WINDOWS`]): a phase change later can still move it, at a small cost.
 //!
-//! Which way to look first comes from what the first measured window touched: if its units fit
-//! in local memory at the home size, reuse is kept and a larger unit may fetch more per fault —
-//! look up; if not, look down first. The start is the middle of the range (log scale). (Whether
-//! faults continue streams is no better a guide: numpy's sweeps, fastest at 1 MiB, continued
-//! one in 23% of their faults, HPC Challenge, fastest at 64 KiB, in 54%.)
+//! Which way to look first comes from the first measured window: up from a stream (below);
+//! else, if the units it touched fit in local memory at the home size, reuse is kept and a
+//! larger unit may fetch more per fault — look up; if not, look down first. The start is the
+//! middle of the range (log scale). (Counted per fault, continuing a stream is no guide:
+//! numpy's sweeps, fastest at 1 MiB, continued one in 23% of their faults, HPC Challenge,
+//! fastest at 64 KiB, in 54%. Counted in bytes, read-ahead included, it is the measure below.)
+//!
+//! # Sweeps: a second measure
+//! When paging dominates a window, the program's CPU time is mostly the kernel's work on its
+//! own faults (entering, sleeping, waking): wall time per CPU second then becomes the time of
+//! one fault over its kernel cost, whatever the number of faults, and the smallest unit looks
+//! cheapest. For a program with reuse that happens to be right (GNU sort at 2 of its 13 MiB:
+//! its work is 0.05 s of 0.53 s of CPU time, and 4 KiB its fastest size); for a sweep it is
+//! wrong (numpy widening a 16 MB file at 15 MiB local: fastest at 1 MiB, 0.66 s, where the tuner
+//! settled at 4 KiB and took 1.6–1.9 s). No estimate of the faults' kernel time is close enough
+//! to take it out: sort's own work is 1% of its CPU time.
+//!
+//! A sweep has a measure of its own: the bytes it streams. Where most of a window's fetched
+//! bytes ([`STREAM_SHARE`]) continued a stream (a fault on the unit after the last one, or on
+//! read-ahead), the program moves through what is fetched, and wall time per byte streamed is
+//! its cost. A trial that was a stream is compared by that measure with the home windows
+//! beside it that were streams too; otherwise by the CPU measure. Each pair's ratio is
+//! unitless, so the two may mix across pairs. Random fetches never count as a stream: sort's
+//! windows streamed 0–10% of their bytes, and are compared by CPU time as before; numpy's
+//! sweeps streamed 72–98% (less where several arrays are swept at once, or one is read with a
+//! stride). And the first look goes up, by the longest jump, when the window before it was a
+//! stream: the largest units are where a sweep gains most.
 //!
 //! # Cost
 //! A trial is at most two windows at another size, each a quarter of a home window
@@ -77,6 +99,52 @@ pub const MAX_JUMP: u32 = 4;
 pub const TRIAL_WINDOW_DIVISOR: u32 = 4;
 /// The longest wait at home between trials once settled.
 pub const MAX_SETTLE_WINDOWS: u32 = 32;
+/// A window is a stream when at least this share of the bytes it fetched continued a stream.
+pub const STREAM_SHARE: f64 = 0.6;
+
+/// What one window cost at the size in force.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Cost {
+    /// Wall seconds per second of the program's own CPU time.
+    pub per_cpu: f64,
+    /// Wall seconds per GB streamed, when the window was a stream ([`STREAM_SHARE`]).
+    pub per_streamed_gb: Option<f64>,
+}
+
+impl Cost {
+    /// A window of `wall` seconds with `cost_per_cpu` (wall per CPU second) that fetched
+    /// `fetched` bytes, `streamed` of them continuing a stream.
+    pub fn of_window(wall: f64, cost_per_cpu: f64, fetched: u64, streamed: u64) -> Cost {
+        let stream = fetched > 0 && streamed as f64 >= STREAM_SHARE * fetched as f64;
+        Cost { per_cpu: cost_per_cpu, per_streamed_gb: stream.then(|| wall / (streamed as f64 / 1e9)) }
+    }
+
+    /// The trial `self` over the geometric mean of the home windows around it. By the stream
+    /// measure when the trial was a stream and a home window beside it was (against that one
+    /// alone if only one was: the CPU measure is no guide to a sweep), else by the CPU one. As
+    /// the product of roots, which stays finite for costs up to f64::MAX; square roots only:
+    /// the runtime needs no libm (one library less in every process).
+    fn ratio(&self, before: &Cost, after: &Cost) -> f64 {
+        match (self.per_streamed_gb, before.per_streamed_gb, after.per_streamed_gb) {
+            (Some(t), Some(b), Some(a)) => t / (b.sqrt() * a.sqrt()),
+            (Some(t), Some(home), None) | (Some(t), None, Some(home)) => t / home,
+            _ => self.per_cpu / (before.per_cpu.sqrt() * after.per_cpu.sqrt()),
+        }
+    }
+
+    /// Whether the window measured anything (no program time, a clock that failed: not).
+    fn valid(&self) -> bool {
+        let ok = |c: f64| c.is_finite() && c > 0.0;
+        ok(self.per_cpu) && self.per_streamed_gb.is_none_or(ok)
+    }
+}
+
+impl From<f64> for Cost {
+    /// A cost by the CPU measure only.
+    fn from(per_cpu: f64) -> Cost {
+        Cost { per_cpu, per_streamed_gb: None }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Phase {
@@ -84,9 +152,9 @@ enum Phase {
     Home { left: u32 },
     /// A trial window at `set`, after a home window of cost `before`; `pairs` pairs done
     /// (the product of their ratios, and whether each said faster).
-    Trial { set: u32, before: f64, pairs: u32, product: f64, all_faster: bool },
+    Trial { set: u32, before: Cost, pairs: u32, product: f64, all_faster: bool },
     /// The home window after a trial window at `set` of cost `trial`.
-    Back { set: u32, before: f64, trial: f64, pairs: u32, product: f64, all_faster: bool },
+    Back { set: u32, before: Cost, trial: Cost, pairs: u32, product: f64, all_faster: bool },
 }
 
 /// The state of the window tuner.
@@ -139,14 +207,12 @@ impl WindowTuner {
         }
     }
 
-    /// A window closed: at the size in force it cost `cost` (wall seconds per second of the
-    /// program's CPU time) and touched `touched`. Returns the decision (its `new_size` is in
-    /// force from now on).
-    pub fn on_window(&mut self, cfg: &TunerConfig, touched: &Touched, cost: f64, loop_id: u64) -> Decision {
+    /// A window closed: at the size in force it cost `cost` and touched `touched`. Returns the
+    /// decision (its `new_size` is in force from now on).
+    pub fn on_window(&mut self, cfg: &TunerConfig, touched: &Touched, cost: Cost, loop_id: u64) -> Decision {
         let cur = self.set();
-        // A window with no measure (no program time, a clock that failed) says nothing: a pair
-        // that has one is void, and the trial is made again.
-        let valid = |c: f64| c.is_finite() && c > 0.0;
+        // A window with no measure says nothing: a pair that has one is void, and the trial is
+        // made again.
         let (next, reason) = match self.phase {
             Phase::Home { left } if left > 1 => {
                 self.phase = Phase::Home { left: left - 1 };
@@ -154,9 +220,14 @@ impl WindowTuner {
             }
             Phase::Home { .. } => {
                 if !self.looked {
-                    // First look: down if what the window touched does not fit here.
+                    // First look: from a stream, up by the longest jump (a sweep gains most at
+                    // the largest unit); else down if what the window touched does not fit.
                     self.looked = true;
-                    self.down = touched.at(self.home) > cfg.local_units(self.home);
+                    let stream = cost.per_streamed_gb.is_some();
+                    self.down = !stream && touched.at(self.home) > cfg.local_units(self.home);
+                    if stream {
+                        self.jump = MAX_JUMP;
+                    }
                 }
                 self.start_trial(cfg, cost)
             }
@@ -164,19 +235,16 @@ impl WindowTuner {
                 self.phase = Phase::Back { set, before, trial: cost, pairs, product, all_faster };
                 (self.home, Reason::Explore)
             }
-            Phase::Back { .. } if !valid(cost) => {
+            Phase::Back { .. } if !cost.valid() => {
                 self.phase = Phase::Home { left: 1 };
                 (self.home, Reason::Explore)
             }
-            Phase::Back { set, before, trial, .. } if !valid(before) || !valid(trial) => {
+            Phase::Back { set, before, trial, .. } if !before.valid() || !trial.valid() => {
                 self.phase = Phase::Trial { set, before: cost, pairs: 0, product: 1.0, all_faster: true };
                 (set, Reason::Explore)
             }
             Phase::Back { set, before, trial, pairs, product, all_faster } => {
-                // The trial over the geometric mean of the home windows around it; as the
-                // product of roots, which stays finite for costs up to f64::MAX. Square roots
-                // only: the runtime needs no libm (one library less in every process).
-                let ratio = trial / (before.sqrt() * cost.sqrt());
+                let ratio = trial.ratio(&before, &cost);
                 let (pairs, product) = (pairs + 1, product * ratio);
                 let all_faster = all_faster && ratio < 1.0;
                 // At most two pairs: the second decides.
@@ -206,7 +274,7 @@ impl WindowTuner {
             local_units: cfg.local_units(cur),
             old_size: cur as usize * cfg.base_page,
             new_size: next as usize * cfg.base_page,
-            loop_time: cost,
+            loop_time: cost.per_cpu,
             reason,
         };
         self.iterations += 1;
@@ -214,7 +282,7 @@ impl WindowTuner {
     }
 
     /// Try the size a jump away (this window, of cost `home_cost`, is the trial's home before).
-    fn start_trial(&mut self, cfg: &TunerConfig, home_cost: f64) -> (u32, Reason) {
+    fn start_trial(&mut self, cfg: &TunerConfig, home_cost: Cost) -> (u32, Reason) {
         match self.target(cfg) {
             Some(set) => {
                 self.phase = Phase::Trial { set, before: home_cost, pairs: 0, product: 1.0, all_faster: true };
@@ -230,7 +298,7 @@ impl WindowTuner {
     /// A trial lost (this home window cost `home_cost`): after a jump that was not clearly
     /// slower, a single step the same way; else the other direction, tried at once from this
     /// window. Both directions lost (or the other has no room): settled, trials thin out.
-    fn lost(&mut self, cfg: &TunerConfig, home_cost: f64, clearly: bool) -> (u32, Reason) {
+    fn lost(&mut self, cfg: &TunerConfig, home_cost: Cost, clearly: bool) -> (u32, Reason) {
         if self.jump > 1 && !clearly {
             self.jump -= 1;
         } else {

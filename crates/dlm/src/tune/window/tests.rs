@@ -15,14 +15,18 @@ fn too_much() -> Touched {
 
 /// Run `windows` windows of a program whose window cost at set count s in window w is
 /// `cost(s, w)`; the sizes in force, window by window.
-fn run_with(touched: &Touched, mut cost: impl FnMut(u32, usize) -> f64, windows: usize) -> (WindowTuner, Vec<u32>) {
+fn run_with<C: Into<Cost>>(
+    touched: &Touched,
+    mut cost: impl FnMut(u32, usize) -> C,
+    windows: usize,
+) -> (WindowTuner, Vec<u32>) {
     let c = cfg();
     let mut t = WindowTuner::new(&c);
     let mut sets = Vec::new();
     for w in 0..windows {
         let s = t.set();
         sets.push(s);
-        let d = t.on_window(&c, touched, cost(s, w), u64::MAX);
+        let d = t.on_window(&c, touched, cost(s, w).into(), u64::MAX);
         assert_eq!(d.new_size, t.set() as usize * 4096);
         assert_eq!(d.old_size, s as usize * 4096);
     }
@@ -87,6 +91,60 @@ fn a_clearly_slower_jump_turns_the_search_around_at_once() {
     assert!(t.home >= 64, "{sets:?}");
 }
 
+/// A sweep whose faults cost the program kernel time: by the CPU measure the smallest unit
+/// looks cheapest (the cost becomes one fault's time over its kernel cost), while each byte
+/// streamed costs less the larger the unit (numpy widening a file at 5%: 4 KiB 2.5× 1 MiB).
+fn sweep(s: u32, streams: bool) -> Cost {
+    let per_cpu = 2.0 + 0.5 * log2(s);
+    let per_gb = 1.0 + 8.0 / (1.0 + log2(s));
+    Cost { per_cpu, per_streamed_gb: streams.then_some(per_gb) }
+}
+
+#[test]
+fn a_sweep_is_compared_by_bytes_streamed_and_climbs_from_the_first_look() {
+    // What the windows touch does not fit, which alone would send the first look down; the
+    // windows are streams, so it goes up, by the longest jump (16 → 256).
+    let (t, sets) = run_with(&too_much(), |s, _| sweep(s, true), 40);
+    assert_eq!(sets[2], 256, "the first trial is the longest jump up: {sets:?}");
+    assert_eq!(t.home, 256, "{sets:?}");
+}
+
+#[test]
+fn windows_that_are_not_streams_keep_the_cpu_measure() {
+    // The same program with its fetches random: compared by CPU time, down to the smallest.
+    let (t, sets) = run_with(&too_much(), |s, _| sweep(s, false), 40);
+    assert_eq!(t.home, 1, "{sets:?}");
+}
+
+#[test]
+fn a_stream_trial_is_compared_with_the_home_windows_beside_it_that_were_streams() {
+    let stream = |gb: f64| Cost { per_cpu: 10.0, per_streamed_gb: Some(gb) };
+    let cpu_only = |c: f64| Cost { per_cpu: c, per_streamed_gb: None };
+    // All three streams: the geometric mean of both homes.
+    assert!((stream(1.0).ratio(&stream(4.0), &stream(1.0)) - 0.5).abs() < 1e-12);
+    // One home a stream: that one alone, either side.
+    assert!((stream(1.0).ratio(&stream(4.0), &cpu_only(1.0)) - 0.25).abs() < 1e-12);
+    assert!((stream(1.0).ratio(&cpu_only(1.0), &stream(2.0)) - 0.5).abs() < 1e-12);
+    // The trial not a stream, or neither home: the CPU measure.
+    assert!((cpu_only(20.0).ratio(&stream(4.0), &stream(4.0)) - 2.0).abs() < 1e-12);
+    assert!((stream(1.0).ratio(&cpu_only(5.0), &cpu_only(20.0)) - 1.0).abs() < 1e-12);
+}
+
+#[test]
+fn a_window_is_a_stream_when_most_of_what_it_fetched_continued_one() {
+    let share = |fetched: u64, streamed: u64| Cost::of_window(0.1, 3.0, fetched, streamed).per_streamed_gb;
+    // 0.1 s for 100 MB streamed: 1 s per GB.
+    assert_eq!(share(100_000_000, 100_000_000), Some(1.0));
+    let at = (STREAM_SHARE * 1e6) as u64;
+    assert!(share(1_000_000, at).is_some());
+    assert!(share(1_000_000, at - 1).is_none());
+    // Nothing fetched: nothing to say about streams.
+    assert!(share(0, 0).is_none());
+    assert_eq!(Cost::of_window(0.1, 3.0, 0, 0).per_cpu, 3.0);
+    // A window that streamed but whose stream measure is not finite measured nothing.
+    assert!(!Cost { per_cpu: 3.0, per_streamed_gb: Some(f64::INFINITY) }.valid());
+}
+
 #[test]
 fn settles_on_a_best_size_in_between_and_trials_thin_out() {
     // Best at 32 (128 KiB): the cost grows by 15% per step away from it.
@@ -115,7 +173,7 @@ fn one_size_only_never_explores() {
     let c = TunerConfig { min_set: 8, max_set: 8, ..cfg() };
     let mut t = WindowTuner::new(&c);
     for _ in 0..10 {
-        let d = t.on_window(&c, &Touched::default(), 0.5, u64::MAX);
+        let d = t.on_window(&c, &Touched::default(), 0.5.into(), u64::MAX);
         assert_eq!(d.new_size, 8 * 4096);
     }
 }
@@ -130,7 +188,7 @@ fn a_window_without_a_measure_never_moves_home() {
         for w in 0..200 {
             // Good windows cost the same at every size; every third window has no measure.
             let cost = if w % 3 == 0 { bad } else { 2.0 };
-            let d = t.on_window(&c, &too_much(), cost, u64::MAX);
+            let d = t.on_window(&c, &too_much(), cost.into(), u64::MAX);
             assert_ne!(d.reason, Reason::Better, "{bad} in window {w}");
         }
         assert_eq!(t.home, 16);
@@ -141,7 +199,9 @@ proptest! {
     /// Whatever the measurements: the size stays in range; home only moves to the size just
     /// tried, at most the longest jump away, and says so; a trial is one window at a time.
     #[test]
-    fn moves_are_measured_jumps_within_range(costs in proptest::collection::vec(0.01f64..100.0, 1..300)) {
+    fn moves_are_measured_jumps_within_range(
+        costs in proptest::collection::vec((0.01f64..100.0, proptest::option::of(0.01f64..100.0)), 1..300),
+    ) {
         let c = cfg();
         let mut t = WindowTuner::new(&c);
         let mut away = 0;
@@ -152,7 +212,8 @@ proptest! {
             if before != home {
                 last_tried = Some(before);
             }
-            let d = t.on_window(&c, &too_much(), cost, u64::MAX);
+            let (per_cpu, per_streamed_gb) = cost;
+            let d = t.on_window(&c, &too_much(), Cost { per_cpu, per_streamed_gb }, u64::MAX);
             let s = t.set();
             prop_assert!(s >= c.min_set && s <= c.max_set);
             if t.home != home {
