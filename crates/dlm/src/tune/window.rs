@@ -71,8 +71,11 @@
 //! unitless, so the two may mix across pairs. Random fetches never count as a stream: sort's
 //! windows streamed 0–10% of their bytes, and are compared by CPU time as before; numpy's
 //! sweeps streamed 72–98% (less where several arrays are swept at once, or one is read with a
-//! stride). And the first look goes up, by the longest jump, when the window before it was a
-//! stream: the largest units are where a sweep gains most.
+//! stride). A pair judged by bytes streamed never turns the search around by itself: a sweep's
+//! cost per byte moves with its phases, 2× from one 100 ms window to the next in numpy's,
+//! and one dear look at 1 MiB sent it back down (1.2–1.5× the best size); a second pair is
+//! always taken. And the first look goes up, by the longest jump, when the window before it was
+//! a stream: the largest units are where a sweep gains most.
 //!
 //! # Cost
 //! A trial is at most two windows at another size, each a quarter of a home window
@@ -124,11 +127,11 @@ impl Cost {
     /// alone if only one was: the CPU measure is no guide to a sweep), else by the CPU one. As
     /// the product of roots, which stays finite for costs up to f64::MAX; square roots only:
     /// the runtime needs no libm (one library less in every process).
-    fn ratio(&self, before: &Cost, after: &Cost) -> f64 {
+    fn ratio(&self, before: &Cost, after: &Cost) -> (f64, Measure) {
         match (self.per_streamed_gb, before.per_streamed_gb, after.per_streamed_gb) {
-            (Some(t), Some(b), Some(a)) => t / (b.sqrt() * a.sqrt()),
-            (Some(t), Some(home), None) | (Some(t), None, Some(home)) => t / home,
-            _ => self.per_cpu / (before.per_cpu.sqrt() * after.per_cpu.sqrt()),
+            (Some(t), Some(b), Some(a)) => (t / (b.sqrt() * a.sqrt()), Measure::Streamed),
+            (Some(t), Some(home), None) | (Some(t), None, Some(home)) => (t / home, Measure::Streamed),
+            _ => (self.per_cpu / (before.per_cpu.sqrt() * after.per_cpu.sqrt()), Measure::Cpu),
         }
     }
 
@@ -137,6 +140,13 @@ impl Cost {
         let ok = |c: f64| c.is_finite() && c > 0.0;
         ok(self.per_cpu) && self.per_streamed_gb.is_none_or(ok)
     }
+}
+
+/// Which measure compared a pair.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Measure {
+    Cpu,
+    Streamed,
 }
 
 impl From<f64> for Cost {
@@ -244,7 +254,7 @@ impl WindowTuner {
                 (set, Reason::Explore)
             }
             Phase::Back { set, before, trial, pairs, product, all_faster } => {
-                let ratio = trial.ratio(&before, &cost);
+                let (ratio, measure) = trial.ratio(&before, &cost);
                 let (pairs, product) = (pairs + 1, product * ratio);
                 let all_faster = all_faster && ratio < 1.0;
                 // At most two pairs: the second decides.
@@ -258,8 +268,10 @@ impl WindowTuner {
                     self.settle = 1;
                     self.phase = Phase::Home { left: 1 };
                     (set, Reason::Better)
-                } else if pairs == 1 && ratio <= CLEARLY_WORSE {
-                    // Not clear yet: a second pair, this window its home before.
+                } else if pairs == 1 && (ratio <= CLEARLY_WORSE || measure == Measure::Streamed) {
+                    // Not clear yet: a second pair, this window its home before. A sweep's cost
+                    // per byte moves with its phases (a widening copy writes 8 bytes for each
+                    // one read, a sum reads them all): one pair never turns its search around.
                     self.phase = Phase::Trial { set, before: cost, pairs, product, all_faster };
                     (set, Reason::Explore)
                 } else {
