@@ -127,11 +127,11 @@ impl Cost {
     /// alone if only one was: the CPU measure is no guide to a sweep), else by the CPU one. As
     /// the product of roots, which stays finite for costs up to f64::MAX; square roots only:
     /// the runtime needs no libm (one library less in every process).
-    fn ratio(&self, before: &Cost, after: &Cost) -> (f64, Measure) {
+    fn ratio(&self, before: &Cost, after: &Cost) -> (f64, Judged) {
         match (self.per_streamed_gb, before.per_streamed_gb, after.per_streamed_gb) {
-            (Some(t), Some(b), Some(a)) => (t / (b.sqrt() * a.sqrt()), Measure::Streamed),
-            (Some(t), Some(home), None) | (Some(t), None, Some(home)) => (t / home, Measure::Streamed),
-            _ => (self.per_cpu / (before.per_cpu.sqrt() * after.per_cpu.sqrt()), Measure::Cpu),
+            (Some(t), Some(b), Some(a)) => (t / (b.sqrt() * a.sqrt()), Judged::ByStream),
+            (Some(t), Some(home), None) | (Some(t), None, Some(home)) => (t / home, Judged::ByStream),
+            _ => (self.per_cpu / (before.per_cpu.sqrt() * after.per_cpu.sqrt()), Judged::ByCpu),
         }
     }
 
@@ -144,13 +144,14 @@ impl Cost {
 
 /// Which measure compared a pair.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Measure {
-    Cpu,
-    Streamed,
+enum Judged {
+    ByCpu,
+    ByStream,
 }
 
+#[cfg(test)]
 impl From<f64> for Cost {
-    /// A cost by the CPU measure only.
+    /// A cost by the CPU measure only (the tests' windows).
     fn from(per_cpu: f64) -> Cost {
         Cost { per_cpu, per_streamed_gb: None }
     }
@@ -254,7 +255,7 @@ impl WindowTuner {
                 (set, Reason::Explore)
             }
             Phase::Back { set, before, trial, pairs, product, all_faster } => {
-                let (ratio, measure) = trial.ratio(&before, &cost);
+                let (ratio, judged) = trial.ratio(&before, &cost);
                 let (pairs, product) = (pairs + 1, product * ratio);
                 let all_faster = all_faster && ratio < 1.0;
                 // At most two pairs: the second decides.
@@ -268,7 +269,7 @@ impl WindowTuner {
                     self.settle = 1;
                     self.phase = Phase::Home { left: 1 };
                     (set, Reason::Better)
-                } else if pairs == 1 && (ratio <= CLEARLY_WORSE || measure == Measure::Streamed) {
+                } else if pairs == 1 && (ratio <= CLEARLY_WORSE || judged == Judged::ByStream) {
                     // Not clear yet: a second pair, this window its home before. A sweep's cost
                     // per byte moves with its phases (a widening copy writes 8 bytes for each
                     // one read, a sum reads them all): one pair never turns its search around.

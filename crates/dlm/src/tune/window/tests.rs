@@ -138,15 +138,15 @@ fn one_dear_pair_never_turns_a_sweeps_search_around() {
 fn a_stream_trial_is_compared_with_the_home_windows_beside_it_that_were_streams() {
     let stream = |gb: f64| Cost { per_cpu: 10.0, per_streamed_gb: Some(gb) };
     let cpu_only = |c: f64| Cost { per_cpu: c, per_streamed_gb: None };
-    let is = |(ratio, by): (f64, Measure), want: f64, measure: Measure| (ratio - want).abs() < 1e-12 && by == measure;
+    let is = |(ratio, by): (f64, Judged), want: f64, judged: Judged| (ratio - want).abs() < 1e-12 && by == judged;
     // All three streams: the geometric mean of both homes.
-    assert!(is(stream(1.0).ratio(&stream(4.0), &stream(1.0)), 0.5, Measure::Streamed));
+    assert!(is(stream(1.0).ratio(&stream(4.0), &stream(1.0)), 0.5, Judged::ByStream));
     // One home a stream: that one alone, either side.
-    assert!(is(stream(1.0).ratio(&stream(4.0), &cpu_only(1.0)), 0.25, Measure::Streamed));
-    assert!(is(stream(1.0).ratio(&cpu_only(1.0), &stream(2.0)), 0.5, Measure::Streamed));
+    assert!(is(stream(1.0).ratio(&stream(4.0), &cpu_only(1.0)), 0.25, Judged::ByStream));
+    assert!(is(stream(1.0).ratio(&cpu_only(1.0), &stream(2.0)), 0.5, Judged::ByStream));
     // The trial not a stream, or neither home: the CPU measure.
-    assert!(is(cpu_only(20.0).ratio(&stream(4.0), &stream(4.0)), 2.0, Measure::Cpu));
-    assert!(is(stream(1.0).ratio(&cpu_only(5.0), &cpu_only(20.0)), 1.0, Measure::Cpu));
+    assert!(is(cpu_only(20.0).ratio(&stream(4.0), &stream(4.0)), 2.0, Judged::ByCpu));
+    assert!(is(stream(1.0).ratio(&cpu_only(5.0), &cpu_only(20.0)), 1.0, Judged::ByCpu));
 }
 
 #[test]
