@@ -11,8 +11,8 @@
 //!   says why): the runtime reads the program's CPU clock (the process's less its own thread's)
 //!   when a window opens and closes; faults served on the program's threads (SIGBUS) are not
 //!   the program's work and are taken out here. The runtime also counts the bytes each window
-//!   fetched and how many of them continued a stream: a sweep's cost is its wall time per
-//!   byte streamed (`tune/window.rs`, "Sweeps").
+//!   fetched, how many of them continued a stream, and the bytes it wrote back: a sweep's cost
+//!   is its wall time per byte streamed in or written back (`tune/window.rs`, "Sweeps").
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -47,6 +47,8 @@ pub(crate) struct Measure {
     /// stream.
     pub window_fetched: u64,
     pub window_streamed: u64,
+    /// Bytes the window wrote back to the memory servers (evicting dirty units).
+    pub window_written: u64,
     pub decisions: Vec<Decision>,
     /// Decisions not kept (the log was full).
     pub dropped: u64,
@@ -77,6 +79,7 @@ impl Measure {
             window_fault_time: Duration::ZERO,
             window_fetched: 0,
             window_streamed: 0,
+            window_written: 0,
             decisions: Vec::with_capacity(MAX_DECISIONS),
             dropped: 0,
             loop_faults: 0,
@@ -113,6 +116,11 @@ impl Measure {
         }
     }
 
+    /// `bytes` written back to the memory servers.
+    pub fn written(&mut self, bytes: usize) {
+        self.window_written += bytes as u64;
+    }
+
     /// Close the window: decide from what it touched and its cost; returns the new set count.
     /// `program_cpu`: the program's CPU time now, all its threads, the runtime's own thread not
     /// counted.
@@ -133,7 +141,7 @@ impl Measure {
         }
         // A program that hardly ran (it sleeps, or waits for input) says little: bounded.
         let per_cpu = wall / work.as_secs_f64().max(wall * 1e-3).max(1e-9);
-        Cost::of_window(wall, per_cpu, self.window_fetched, self.window_streamed)
+        Cost::of_window(wall, per_cpu, self.window_fetched, self.window_streamed, self.window_written)
     }
 
     /// A fault of the measured loop: whether it has faulted more than twice its local units
@@ -153,6 +161,7 @@ impl Measure {
         self.window_fault_time = Duration::ZERO;
         self.window_fetched = 0;
         self.window_streamed = 0;
+        self.window_written = 0;
     }
 }
 
@@ -228,10 +237,11 @@ mod tests {
         // the range ends).
         m.fetched(900_000, true);
         m.fetched(100_000, false);
+        m.written(100_000);
         assert_eq!(m.close_window(&touched, start + ms(40), ms(10)), 8);
         // The decision logs the CPU measure: 20 ms for 5 ms of work.
         assert!((m.decisions[1].loop_time - 4.0).abs() < 1e-9, "{:?}", m.decisions[1]);
         // The next window counts afresh.
-        assert_eq!((m.window_fetched, m.window_streamed), (0, 0));
+        assert_eq!((m.window_fetched, m.window_streamed, m.window_written), (0, 0, 0));
     }
 }

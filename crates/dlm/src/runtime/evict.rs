@@ -235,6 +235,7 @@ impl Inner {
             st.conns[srv].pending.push_back(Pending::Write { area: e.area, first, count, sent });
             st.stats.writebacks += 1;
             st.stats.writeback_bytes += len as u64;
+            st.measure.written(len);
             let a = st.areas[ai].as_mut().expect("live");
             a.home_written[first..first + count].iter_mut().for_each(|w| *w = true);
         }

@@ -185,7 +185,9 @@ impl Inner {
         let (ra, sequential) = {
             let a = st.areas[ai].as_mut().expect("present");
             let (sequential, max) = match a.access {
-                Access::Normal => (was_inflight || first == a.last_end, self.cfg.readahead),
+                // The unit holding the stream's end: the next one, or, just after a larger
+                // size came into force, the one the stream was inside of.
+                Access::Normal => (was_inflight || (first..first + count).contains(&a.last_end), self.cfg.readahead),
                 Access::Sequential => (true, self.cfg.readahead),
                 Access::Random => (false, 0),
             };

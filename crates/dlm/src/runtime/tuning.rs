@@ -92,12 +92,12 @@ impl State {
         pagewise_kernel::cpu::CpuClock::PROCESS.now().saturating_sub(runtime)
     }
 
-    /// Put set count `count` in force (read-ahead windows restart).
+    /// Put set count `count` in force. Streams go on: each read-ahead window keeps its length
+    /// in bytes (the fault path takes a fault in the unit holding a stream's end as its next).
     pub(super) fn apply_set_count(&mut self, count: u32) {
-        self.set_count = count;
+        let old = std::mem::replace(&mut self.set_count, count) as usize;
         for a in self.areas.iter_mut().flatten() {
-            a.window = 0;
-            a.last_end = usize::MAX;
+            a.window = a.window * old / count as usize;
         }
     }
 

@@ -44,7 +44,16 @@
 //! having grown the unit to 256 KiB while the dict was being built, came back down one step per
 //! win, through windows 2–12× slower, and ended 1.6× the fixed 4 KiB's time. When single steps
 //! both ways have lost, the home is settled and trials thin out (the wait doubles up to
-//! [`MAX_SETTLE_WINDOWS`]): a phase change later can still move it, at a small cost.
+//! [`MAX_SETTLE_WINDOWS`]): a phase change later can still move it, at a small cost. A search
+//! that reaches the end of the range turns around by a single step: a jump back would land on
+//! the size home has just won against (a sweep that won at 1 MiB from 64 KiB tried 64 KiB next).
+//!
+//! Sizes whose units fit fewer than [`MIN_ROOM_UNITS`] times in local memory are never tried:
+//! with four units, every program here thrashed (HPC Challenge, numpy and GNU sort at 4 MiB
+//! with 1 MiB units: over their budget of 10 s, against 0.7, 0.5 and 6 s at their best
+//! sizes), and one trial window of 64 faults turned local memory over 16 times. With eight,
+//! the worst was 1.6× the best size (HPC Challenge at 512 KiB), still a measure; a sweep at
+//! 15 MiB is fastest with 1 MiB units, 15 of them.
 //!
 //! Which way to look first comes from the first measured window: up from a stream (below);
 //! else, if the units it touched fit in local memory at the home size, reuse is kept and a
@@ -63,26 +72,35 @@
 //! settled at 4 KiB and took 1.6–1.9 s). No estimate of the faults' kernel time is close enough
 //! to take it out: sort's own work is 1% of its CPU time.
 //!
-//! A sweep has a measure of its own: the bytes it streams. Where most of a window's fetched
+//! A sweep has a measure of its own: the bytes it moves. Where enough of a window's fetched
 //! bytes ([`STREAM_SHARE`]) continued a stream (a fault on the unit after the last one, or on
-//! read-ahead), the program moves through what is fetched, and wall time per byte streamed is
-//! its cost. A trial that was a stream is compared by that measure with the home windows
+//! read-ahead), the program moves through what is fetched, and its cost is wall time per byte
+//! streamed in or written back. Written bytes count because a sweep's phases differ in them: a
+//! widening copy writes 8 bytes for each one it reads, a sum writes none. Per byte streamed
+//! alone, numpy-stream's home windows in a row cost 0.9–3.2 s per GB; counting what they wrote
+//! back, 0.7–1.5. A trial that was a stream is compared by that measure with the home windows
 //! beside it that were streams too; otherwise by the CPU measure. Each pair's ratio is
 //! unitless, so the two may mix across pairs. Random fetches never count as a stream: sort's
-//! windows streamed 0–10% of their bytes, and are compared by CPU time as before; numpy's
-//! sweeps streamed 72–98% (less where several arrays are swept at once, or one is read with a
-//! stride). A pair judged by bytes streamed never turns the search around by itself: a sweep's
-//! cost per byte moves with its phases, 2× from one 100 ms window to the next in numpy's,
-//! and one dear look at 1 MiB sent it back down (1.2–1.5× the best size); a second pair is
-//! always taken. And the first look goes up, by the longest jump, when the window before it was
-//! a stream: the largest units are where a sweep gains most.
+//! windows streamed 0–10% of their bytes and keep the CPU measure; numpy's sweeps 72–98%, and
+//! numpy's FFT, matrix multiply and sort 48–55% (several arrays at once, some read backwards),
+//! fastest at 1 MiB too (0.62 s at 18 MiB local, 0.72 at 64 KiB, 1.1 at 16 KiB): at a share of
+//! 60% the CPU measure sent them down.
+//!
+//! The burden of proof is the other way round for a larger unit on a sweep: it fetches the
+//! same bytes in fewer faults, so a trial judged by bytes streamed is kept unless measured
+//! slower by more than [`BETTER_BY`] (if it evicts what the program still needs, its fetches
+//! stop continuing streams and it is judged by CPU time). A sweep's cost per byte still moves
+//! with its phases, so a pair judged by bytes streamed never turns the search around by
+//! itself: one dear look at 1 MiB sent it back down (1.2–1.5× the best size); a second pair is
+//! taken. And the first look goes up, by the longest jump, when the window before it was a
+//! stream: the largest units are where a sweep gains most.
 //!
 //! # Cost
 //! A trial is at most two windows at another size, each a quarter of a home window
 //! ([`TRIAL_WINDOW_DIVISOR`]): programs of a second or less (HPC Challenge at 5% local memory,
 //! numpy at 25%) have little to gain from another size and lost 20–28% of their time to full
 //! length trials. Once settled, one trial per [`MAX_SETTLE_WINDOWS`] windows. Home only ever
-//! moves to a size measured faster.
+//! moves to a size measured faster, or, on a sweep, to a larger one measured no slower.
 
 use super::{Decision, Reason, Touched, TunerConfig};
 
@@ -102,24 +120,28 @@ pub const MAX_JUMP: u32 = 4;
 pub const TRIAL_WINDOW_DIVISOR: u32 = 4;
 /// The longest wait at home between trials once settled.
 pub const MAX_SETTLE_WINDOWS: u32 = 32;
-/// A window is a stream when at least this share of the bytes it fetched continued a stream.
-pub const STREAM_SHARE: f64 = 0.6;
+/// A window is a stream when at least this share of the bytes it fetched continued a stream
+/// (GNU sort's random fetches: 0–10%; numpy's work on several arrays at once: 48–55%).
+pub const STREAM_SHARE: f64 = 0.4;
+/// The largest size tried leaves room for this many units in local memory.
+pub const MIN_ROOM_UNITS: usize = 8;
 
 /// What one window cost at the size in force.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Cost {
     /// Wall seconds per second of the program's own CPU time.
     pub per_cpu: f64,
-    /// Wall seconds per GB streamed, when the window was a stream ([`STREAM_SHARE`]).
+    /// Wall seconds per GB streamed in or written back, when the window was a stream
+    /// ([`STREAM_SHARE`]).
     pub per_streamed_gb: Option<f64>,
 }
 
 impl Cost {
     /// A window of `wall` seconds with `cost_per_cpu` (wall per CPU second) that fetched
-    /// `fetched` bytes, `streamed` of them continuing a stream.
-    pub fn of_window(wall: f64, cost_per_cpu: f64, fetched: u64, streamed: u64) -> Cost {
+    /// `fetched` bytes, `streamed` of them continuing a stream, and wrote `written` back.
+    pub fn of_window(wall: f64, cost_per_cpu: f64, fetched: u64, streamed: u64, written: u64) -> Cost {
         let stream = fetched > 0 && streamed as f64 >= STREAM_SHARE * fetched as f64;
-        Cost { per_cpu: cost_per_cpu, per_streamed_gb: stream.then(|| wall / (streamed as f64 / 1e9)) }
+        Cost { per_cpu: cost_per_cpu, per_streamed_gb: stream.then(|| wall / ((streamed + written) as f64 / 1e9)) }
     }
 
     /// The trial `self` over the geometric mean of the home windows around it. By the stream
@@ -161,11 +183,45 @@ impl From<f64> for Cost {
 enum Phase {
     /// At home, `left` windows before the next trial.
     Home { left: u32 },
-    /// A trial window at `set`, after a home window of cost `before`; `pairs` pairs done
-    /// (the product of their ratios, and whether each said faster).
-    Trial { set: u32, before: Cost, pairs: u32, product: f64, all_faster: bool },
+    /// A trial window at `set`, after a home window of cost `before`.
+    Trial { set: u32, before: Cost, pairs: Pairs },
     /// The home window after a trial window at `set` of cost `trial`.
-    Back { set: u32, before: Cost, trial: Cost, pairs: u32, product: f64, all_faster: bool },
+    Back { set: u32, before: Cost, trial: Cost, pairs: Pairs },
+}
+
+/// The pairs of a trial measured so far.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Pairs {
+    count: u32,
+    /// The product of their ratios (trial / home).
+    product: f64,
+    /// Whether each said faster.
+    all_faster: bool,
+    /// Whether each was judged by bytes streamed.
+    all_streams: bool,
+}
+
+impl Pairs {
+    const NONE: Pairs = Pairs { count: 0, product: 1.0, all_faster: true, all_streams: true };
+
+    fn and(self, ratio: f64, judged: Judged) -> Pairs {
+        Pairs {
+            count: self.count + 1,
+            product: self.product * ratio,
+            all_faster: self.all_faster && ratio < 1.0,
+            all_streams: self.all_streams && judged == Judged::ByStream,
+        }
+    }
+
+    /// The geometric mean of their ratios (square roots only: at most two pairs).
+    fn mean(&self) -> f64 {
+        debug_assert!((1..=2).contains(&self.count));
+        if self.count == 1 {
+            self.product
+        } else {
+            self.product.sqrt()
+        }
+    }
 }
 
 /// The state of the window tuner.
@@ -188,10 +244,10 @@ pub struct WindowTuner {
 }
 
 impl WindowTuner {
-    /// Start in the middle of the candidate sizes (log scale).
+    /// Start in the middle of the candidate sizes (log scale), or at the largest with room.
     pub fn new(cfg: &TunerConfig) -> Self {
         let c: Vec<u32> = cfg.candidates().collect();
-        let home = c[c.len() / 2];
+        let home = c[c.len() / 2].min(largest_with_room(cfg));
         WindowTuner {
             home,
             // The first window is the program's start: not a measure of the size.
@@ -242,8 +298,8 @@ impl WindowTuner {
                 }
                 self.start_trial(cfg, cost)
             }
-            Phase::Trial { set, before, pairs, product, all_faster } => {
-                self.phase = Phase::Back { set, before, trial: cost, pairs, product, all_faster };
+            Phase::Trial { set, before, pairs } => {
+                self.phase = Phase::Back { set, before, trial: cost, pairs };
                 (self.home, Reason::Explore)
             }
             Phase::Back { .. } if !cost.valid() => {
@@ -251,17 +307,19 @@ impl WindowTuner {
                 (self.home, Reason::Explore)
             }
             Phase::Back { set, before, trial, .. } if !before.valid() || !trial.valid() => {
-                self.phase = Phase::Trial { set, before: cost, pairs: 0, product: 1.0, all_faster: true };
+                self.phase = Phase::Trial { set, before: cost, pairs: Pairs::NONE };
                 (set, Reason::Explore)
             }
-            Phase::Back { set, before, trial, pairs, product, all_faster } => {
+            Phase::Back { set, before, trial, pairs } => {
                 let (ratio, judged) = trial.ratio(&before, &cost);
-                let (pairs, product) = (pairs + 1, product * ratio);
-                let all_faster = all_faster && ratio < 1.0;
-                // At most two pairs: the second decides.
-                debug_assert!(pairs <= 2);
-                let mean = if pairs == 1 { product } else { product.sqrt() };
-                if (pairs == 1 && ratio < CLEARLY_BETTER) || (pairs == 2 && all_faster && mean < 1.0 - BETTER_BY) {
+                let pairs = pairs.and(ratio, judged);
+                // At most two pairs: the second decides. A sweep at a larger unit fetches the
+                // same bytes in fewer faults: judged by bytes streamed, it is kept unless
+                // measured slower.
+                let second = pairs.count == 2;
+                let faster = (second && pairs.all_faster && pairs.mean() < 1.0 - BETTER_BY)
+                    || (pairs.all_streams && set > self.home && pairs.mean() < 1.0 + BETTER_BY);
+                if (pairs.count == 1 && ratio < CLEARLY_BETTER) || faster {
                     // Faster: it is home now; jump on the same way at once, further.
                     self.home = set;
                     self.jump = (self.jump + 1).min(MAX_JUMP);
@@ -269,11 +327,11 @@ impl WindowTuner {
                     self.settle = 1;
                     self.phase = Phase::Home { left: 1 };
                     (set, Reason::Better)
-                } else if pairs == 1 && (ratio <= CLEARLY_WORSE || judged == Judged::ByStream) {
+                } else if pairs.count == 1 && (ratio <= CLEARLY_WORSE || judged == Judged::ByStream) {
                     // Not clear yet: a second pair, this window its home before. A sweep's cost
                     // per byte moves with its phases (a widening copy writes 8 bytes for each
                     // one read, a sum reads them all): one pair never turns its search around.
-                    self.phase = Phase::Trial { set, before: cost, pairs, product, all_faster };
+                    self.phase = Phase::Trial { set, before: cost, pairs };
                     (set, Reason::Explore)
                 } else {
                     self.lost(cfg, cost, ratio > CLEARLY_WORSE)
@@ -298,7 +356,7 @@ impl WindowTuner {
     fn start_trial(&mut self, cfg: &TunerConfig, home_cost: Cost) -> (u32, Reason) {
         match self.target(cfg) {
             Some(set) => {
-                self.phase = Phase::Trial { set, before: home_cost, pairs: 0, product: 1.0, all_faster: true };
+                self.phase = Phase::Trial { set, before: home_cost, pairs: Pairs::NONE };
                 (set, Reason::Explore)
             }
             None => {
@@ -332,12 +390,14 @@ impl WindowTuner {
     }
 
     /// The size to try: `jump` steps from home in the current direction, clamped to the range;
-    /// a direction with no room turns around. `None` when there is only one size.
+    /// a direction with no room turns around by a single step (a jump back would most often
+    /// land on the size home just won against). `None` when there is only one size.
     fn target(&mut self, cfg: &TunerConfig) -> Option<u32> {
         if let Some(t) = self.target_towards(cfg, self.down) {
             return Some(t);
         }
         self.down = !self.down;
+        self.jump = 1;
         self.target_towards(cfg, self.down)
     }
 
@@ -346,10 +406,16 @@ impl WindowTuner {
         let t = if down {
             (self.home >> self.jump).max(cfg.min_set)
         } else {
-            self.home.saturating_mul(1 << self.jump).min(cfg.max_set)
+            self.home.saturating_mul(1 << self.jump).min(largest_with_room(cfg))
         };
         (t != self.home).then_some(t)
     }
+}
+
+/// The largest candidate size whose units fit [`MIN_ROOM_UNITS`] times in local memory (the
+/// smallest candidate if none does).
+pub fn largest_with_room(cfg: &TunerConfig) -> u32 {
+    cfg.candidates().filter(|&s| cfg.local_units(s) >= MIN_ROOM_UNITS).last().unwrap_or(cfg.min_set)
 }
 
 #[cfg(test)]

@@ -120,18 +120,77 @@ fn windows_that_are_not_streams_keep_the_cpu_measure() {
 fn one_dear_pair_never_turns_a_sweeps_search_around() {
     // The first trial up lands in a phase that costs twice as much per byte (a widening copy
     // after a plain read): by itself the pair is clearly worse, so a second one is taken; the
-    // two together lose by a little, so the next look is a step shorter, and wins.
+    // two together come out about even (1.45 and 0.73), and a larger unit measured no slower
+    // on a sweep is kept.
     let dear_first_trial = |s: u32, w: usize| {
         let c = sweep(s, true);
         let phase = if w == 2 { 2.0 } else { 1.0 };
         Cost { per_streamed_gb: c.per_streamed_gb.map(|gb| gb * phase), ..c }
     };
     let (t, sets) = run_with(&too_much(), dear_first_trial, 40);
-    assert_eq!(&sets[..7], [16, 16, 256, 16, 256, 16, 128], "{sets:?}");
-    assert!(t.home >= 128, "{sets:?}");
+    assert_eq!(&sets[..7], [16, 16, 256, 16, 256, 16, 256], "{sets:?}");
+    assert_eq!(t.home, 256, "{sets:?}");
     // By the CPU measure the same pair turns the search around at once.
     let (_, sets) = run_with(&Touched::default(), |_, w| if w == 2 { 4.0 } else { 2.0 }, 6);
     assert_eq!(&sets[..5], [16, 16, 64, 16, 4], "{sets:?}");
+}
+
+#[test]
+fn a_larger_unit_on_a_sweep_is_kept_unless_measured_slower() {
+    // Every size costs the same per byte: by bytes streamed, the first look up (16 → 256) is
+    // kept after its first pair; by the CPU measure, the first look up (16 → 64) is not.
+    let flat = |streams: bool| move |_: u32, _: usize| Cost { per_cpu: 2.0, per_streamed_gb: streams.then_some(1.0) };
+    let (t, sets) = run_with(&too_much(), flat(true), 5);
+    assert_eq!((sets, t.home), (vec![16, 16, 256, 16, 256], 256));
+    let (t, sets) = run_with(&Touched::default(), flat(false), 7);
+    assert_eq!((sets[2], t.home), (64, 16), "{sets:?}");
+    // Measured slower by more than BETTER_BY per byte, the larger unit is not kept.
+    let dearer_up = |s: u32, _: usize| Cost { per_cpu: 2.0, per_streamed_gb: Some(if s > 16 { 1.1 } else { 1.0 }) };
+    let (_, sets) = run_with(&too_much(), dearer_up, 7);
+    assert_eq!(&sets[..6], [16, 16, 256, 16, 256, 16], "{sets:?}");
+    assert_ne!(sets[6], 256, "{sets:?}");
+    // A smaller unit measured the same per byte is not kept: the rule is for larger ones.
+    let mut t = WindowTuner::new(&cfg());
+    t.down = true;
+    t.looked = true;
+    let c = cfg();
+    let same = Cost { per_cpu: 2.0, per_streamed_gb: Some(1.0) };
+    let sets: Vec<u32> = (0..7)
+        .map(|_| {
+            let s = t.set();
+            t.on_window(&c, &too_much(), same, u64::MAX);
+            s
+        })
+        .collect();
+    assert_eq!(&sets[..6], [16, 16, 4, 16, 4, 16], "{sets:?}");
+    assert_eq!(t.home, 16, "{sets:?}");
+}
+
+#[test]
+fn sizes_without_room_for_eight_units_are_never_tried() {
+    // 2 MiB of local memory: 256 KiB is the largest size with room for 8 units. A sweep's
+    // first look jumps up to it, not to 1 MiB, and never goes further.
+    let c = TunerConfig { local_mem: 2 << 20, ..cfg() };
+    assert_eq!(largest_with_room(&c), 64);
+    let mut t = WindowTuner::new(&c);
+    let mut sets = Vec::new();
+    for _ in 0..40 {
+        sets.push(t.set());
+        t.on_window(&c, &too_much(), sweep(t.set(), true), u64::MAX);
+    }
+    assert_eq!(sets[2], 64, "{sets:?}");
+    assert_eq!(sets.iter().max(), Some(&64), "{sets:?}");
+    // Less than 8 units of the smallest size: start there, and it is the only size tried.
+    let tiny = TunerConfig { local_mem: 16 << 10, ..cfg() };
+    assert_eq!((largest_with_room(&tiny), WindowTuner::new(&tiny).home), (1, 1));
+}
+
+#[test]
+fn at_the_end_of_the_range_the_search_turns_around_by_a_single_step() {
+    // The first look up from a sweep wins at the largest unit; the next look is one step
+    // down, not a jump back to the size just beaten.
+    let (_, sets) = run_with(&too_much(), |s, _| sweep(s, true), 8);
+    assert_eq!(&sets[2..6], [256, 16, 256, 128], "{sets:?}");
 }
 
 #[test]
@@ -150,16 +209,19 @@ fn a_stream_trial_is_compared_with_the_home_windows_beside_it_that_were_streams(
 }
 
 #[test]
-fn a_window_is_a_stream_when_most_of_what_it_fetched_continued_one() {
-    let share = |fetched: u64, streamed: u64| Cost::of_window(0.1, 3.0, fetched, streamed).per_streamed_gb;
-    // 0.1 s for 100 MB streamed: 1 s per GB.
+fn a_window_is_a_stream_when_enough_of_what_it_fetched_continued_one() {
+    let share = |fetched: u64, streamed: u64| Cost::of_window(0.1, 3.0, fetched, streamed, 0).per_streamed_gb;
+    // 0.1 s for 100 MB streamed: 1 s per GB; and for 60 MB streamed in and 40 MB written back.
     assert_eq!(share(100_000_000, 100_000_000), Some(1.0));
+    assert_eq!(Cost::of_window(0.1, 3.0, 70_000_000, 60_000_000, 40_000_000).per_streamed_gb, Some(1.0));
+    // Written bytes do not make a stream: what was fetched does.
+    assert!(Cost::of_window(0.1, 3.0, 100_000_000, 0, 1_000_000_000).per_streamed_gb.is_none());
     let at = (STREAM_SHARE * 1e6) as u64;
     assert!(share(1_000_000, at).is_some());
     assert!(share(1_000_000, at - 1).is_none());
     // Nothing fetched: nothing to say about streams.
     assert!(share(0, 0).is_none());
-    assert_eq!(Cost::of_window(0.1, 3.0, 0, 0).per_cpu, 3.0);
+    assert_eq!(Cost::of_window(0.1, 3.0, 0, 0, 0).per_cpu, 3.0);
     // A window that streamed but whose stream measure is not finite measured nothing.
     assert!(!Cost { per_cpu: 3.0, per_streamed_gb: Some(f64::INFINITY) }.valid());
 }
