@@ -103,10 +103,31 @@ fn sweep(s: u32, streams: bool) -> Cost {
 #[test]
 fn a_sweep_is_compared_by_bytes_streamed_and_climbs_from_the_first_look() {
     // What the windows touch does not fit, which alone would send the first look down; the
-    // windows are streams, so it goes up, by the longest jump (16 → 256).
+    // windows are streams, so it goes up, by the longest jump (16 → 256), right after the
+    // program's start.
     let (t, sets) = run_with(&too_much(), |s, _| sweep(s, true), 40);
-    assert_eq!(sets[2], 256, "the first trial is the longest jump up: {sets:?}");
+    assert_eq!(sets[1], 256, "the first trial is the longest jump up: {sets:?}");
     assert_eq!(t.home, 256, "{sets:?}");
+}
+
+#[test]
+fn a_start_that_streamed_is_followed_by_a_trial_judged_by_the_window_after_it() {
+    // The start's cost is start-up (20× the rest here), so it is no home before: against the
+    // window after alone, a trial measured the same per byte is kept at once...
+    let start = |w: usize, c: Cost| if w == 0 { Cost { per_cpu: 40.0, per_streamed_gb: Some(20.0) } } else { c };
+    let (t, sets) = run_with(&too_much(), |_, w| start(w, Cost { per_cpu: 2.0, per_streamed_gb: Some(1.0) }), 4);
+    assert_eq!((&sets[..3], t.home), (&[16, 256, 16][..], 256), "{sets:?}");
+    // ...and a trial that did not stream is judged by CPU time against that window alone,
+    // not made again: twice as dear, the search turns down at once.
+    let no_stream_up = |s: u32, w: usize| {
+        let cpu = if s > 16 { 4.0 } else { 2.0 };
+        start(w, Cost { per_cpu: cpu, per_streamed_gb: (s == 16).then_some(1.0) })
+    };
+    let (_, sets) = run_with(&too_much(), no_stream_up, 4);
+    assert_eq!(sets, [16, 256, 16, 4], "{sets:?}");
+    // A start that did not stream: the home is measured first (the first trial in window 2).
+    let (_, sets) = run_with(&too_much(), |s, _| sweep(s, false), 3);
+    assert_eq!(sets, [16, 16, 4], "{sets:?}");
 }
 
 #[test]
@@ -124,11 +145,11 @@ fn one_dear_pair_never_turns_a_sweeps_search_around() {
     // on a sweep is kept.
     let dear_first_trial = |s: u32, w: usize| {
         let c = sweep(s, true);
-        let phase = if w == 2 { 2.0 } else { 1.0 };
+        let phase = if w == 1 { 2.0 } else { 1.0 };
         Cost { per_streamed_gb: c.per_streamed_gb.map(|gb| gb * phase), ..c }
     };
     let (t, sets) = run_with(&too_much(), dear_first_trial, 40);
-    assert_eq!(&sets[..7], [16, 16, 256, 16, 256, 16, 256], "{sets:?}");
+    assert_eq!(&sets[..6], [16, 256, 16, 256, 16, 256], "{sets:?}");
     assert_eq!(t.home, 256, "{sets:?}");
     // By the CPU measure the same pair turns the search around at once.
     let (_, sets) = run_with(&Touched::default(), |_, w| if w == 2 { 4.0 } else { 2.0 }, 6);
@@ -141,14 +162,14 @@ fn a_larger_unit_on_a_sweep_is_kept_unless_measured_slower() {
     // kept after its first pair; by the CPU measure, the first look up (16 → 64) is not.
     let flat = |streams: bool| move |_: u32, _: usize| Cost { per_cpu: 2.0, per_streamed_gb: streams.then_some(1.0) };
     let (t, sets) = run_with(&too_much(), flat(true), 5);
-    assert_eq!((sets, t.home), (vec![16, 16, 256, 16, 256], 256));
+    assert_eq!((sets, t.home), (vec![16, 256, 16, 256, 128], 256));
     let (t, sets) = run_with(&Touched::default(), flat(false), 7);
     assert_eq!((sets[2], t.home), (64, 16), "{sets:?}");
     // Measured slower by more than BETTER_BY per byte, the larger unit is not kept.
     let dearer_up = |s: u32, _: usize| Cost { per_cpu: 2.0, per_streamed_gb: Some(if s > 16 { 1.1 } else { 1.0 }) };
-    let (_, sets) = run_with(&too_much(), dearer_up, 7);
-    assert_eq!(&sets[..6], [16, 16, 256, 16, 256, 16], "{sets:?}");
-    assert_ne!(sets[6], 256, "{sets:?}");
+    let (_, sets) = run_with(&too_much(), dearer_up, 6);
+    assert_eq!(&sets[..5], [16, 256, 16, 256, 16], "{sets:?}");
+    assert_ne!(sets[5], 256, "{sets:?}");
     // A smaller unit measured the same per byte is not kept: the rule is for larger ones.
     let mut t = WindowTuner::new(&cfg());
     t.down = true;
@@ -178,7 +199,7 @@ fn sizes_without_room_for_eight_units_are_never_tried() {
         sets.push(t.set());
         t.on_window(&c, &too_much(), sweep(t.set(), true), u64::MAX);
     }
-    assert_eq!(sets[2], 64, "{sets:?}");
+    assert_eq!(sets[1], 64, "{sets:?}");
     assert_eq!(sets.iter().max(), Some(&64), "{sets:?}");
     // Less than 8 units of the smallest size: start there, and it is the only size tried.
     let tiny = TunerConfig { local_mem: 16 << 10, ..cfg() };
@@ -190,7 +211,7 @@ fn at_the_end_of_the_range_the_search_turns_around_by_a_single_step() {
     // The first look up from a sweep wins at the largest unit; the next look is one step
     // down, not a jump back to the size just beaten.
     let (_, sets) = run_with(&too_much(), |s, _| sweep(s, true), 8);
-    assert_eq!(&sets[2..6], [256, 16, 256, 128], "{sets:?}");
+    assert_eq!(&sets[1..5], [256, 16, 256, 128], "{sets:?}");
 }
 
 #[test]
