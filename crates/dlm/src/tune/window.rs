@@ -295,7 +295,7 @@ impl WindowTuner {
         // void, and the trial is made again; one whose home before has none is judged by the
         // home after alone.
         let (next, reason) = match self.phase {
-            Phase::Home { .. } if !self.looked && cost.per_streamed_gb.is_some() => {
+            Phase::Home { left } if left > 1 && !self.looked && cost.per_streamed_gb.is_some() => {
                 // The program's start streamed: up at once by the longest jump. Its cost
                 // measures the start-up, not the size: the trial is compared with the window
                 // after it alone.

@@ -125,9 +125,14 @@ fn a_start_that_streamed_is_followed_by_a_trial_judged_by_the_window_after_it() 
     };
     let (_, sets) = run_with(&too_much(), no_stream_up, 4);
     assert_eq!(sets, [16, 256, 16, 4], "{sets:?}");
-    // A start that did not stream: the home is measured first (the first trial in window 2).
+    // A start that did not stream: the home is measured first (the first trial in window 2)...
     let (_, sets) = run_with(&too_much(), |s, _| sweep(s, false), 3);
     assert_eq!(sets, [16, 16, 4], "{sets:?}");
+    // ...and when that window streamed, the trial is compared with it too: 1.4 against 2.0
+    // before and 1.0 after is 0.99, kept (against the window after alone, 1.4, it would not be).
+    let costs = [None, Some(2.0), Some(1.4), Some(1.0), Some(1.0)];
+    let (t, sets) = run_with(&too_much(), |_, w| Cost { per_cpu: 2.0, per_streamed_gb: costs[w] }, 4);
+    assert_eq!((&sets[..], t.home), (&[16, 16, 256, 16][..], 256), "{sets:?}");
 }
 
 #[test]
