@@ -143,6 +143,9 @@ pub struct Cost {
 }
 
 impl Cost {
+    /// No measure: the program's start, whose cost is start-up, not the size.
+    const UNMEASURED: Cost = Cost { per_cpu: f64::NAN, per_streamed_gb: None };
+
     /// A window of `wall` seconds with `cost_per_cpu` (wall per CPU second) that fetched
     /// `fetched` bytes, `streamed` of them continuing a stream, and wrote `written` back.
     pub fn of_window(wall: f64, cost_per_cpu: f64, fetched: u64, streamed: u64, written: u64) -> Cost {
@@ -302,7 +305,7 @@ impl WindowTuner {
                 self.looked = true;
                 self.down = false;
                 self.jump = MAX_JUMP;
-                self.start_trial(cfg, Cost { per_cpu: f64::NAN, per_streamed_gb: None })
+                self.start_trial(cfg, Cost::UNMEASURED)
             }
             Phase::Home { left } if left > 1 => {
                 self.phase = Phase::Home { left: left - 1 };
@@ -437,7 +440,7 @@ impl WindowTuner {
 
 /// The largest candidate size whose units fit [`MIN_ROOM_UNITS`] times in local memory (the
 /// smallest candidate if none does).
-pub fn largest_with_room(cfg: &TunerConfig) -> u32 {
+fn largest_with_room(cfg: &TunerConfig) -> u32 {
     cfg.candidates().filter(|&s| cfg.local_units(s) >= MIN_ROOM_UNITS).last().unwrap_or(cfg.min_set)
 }
 
