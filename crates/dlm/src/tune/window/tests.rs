@@ -170,9 +170,13 @@ fn a_larger_unit_on_a_sweep_is_kept_unless_measured_slower() {
     assert_eq!((sets, t.home), (vec![16, 256, 16, 256, 128], 256));
     let (t, sets) = run_with(&Touched::default(), flat(false), 7);
     assert_eq!((sets[2], t.home), (64, 16), "{sets:?}");
-    // Measured slower by more than BETTER_BY per byte, the larger unit is not kept.
-    let dearer_up = |s: u32, _: usize| Cost { per_cpu: 2.0, per_streamed_gb: Some(if s > 16 { 1.1 } else { 1.0 }) };
-    let (_, sets) = run_with(&too_much(), dearer_up, 6);
+    // Slower per byte but not clearly (a sweep's phases move it more than that), it is kept;
+    // clearly slower, it is not.
+    let dearer_up =
+        |by: f64| move |s: u32, _: usize| Cost { per_cpu: 2.0, per_streamed_gb: Some(if s > 16 { by } else { 1.0 }) };
+    let (t, sets) = run_with(&too_much(), dearer_up(1.2), 3);
+    assert_eq!((sets, t.home), (vec![16, 256, 16], 256));
+    let (_, sets) = run_with(&too_much(), dearer_up(1.3), 6);
     assert_eq!(&sets[..5], [16, 256, 16, 256, 16], "{sets:?}");
     assert_ne!(sets[5], 256, "{sets:?}");
     // A smaller unit measured the same per byte is not kept: the rule is for larger ones.
