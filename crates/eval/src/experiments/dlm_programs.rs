@@ -26,6 +26,13 @@
 //!   its group's OOM killer ends is reported as failed (xz -9 in 6–12 MiB with zram swap is
 //!   killed after 36,000–600,000 major faults on this VM).
 //!
+//! Every run starts once free page reporting is idle ([`crate::harness::settle_host_memory`]):
+//! its time includes allocating its memory (the plain program's footprint, the servers'
+//! copies), and on a VM whose balloon reports free pages that time depends on how long ago the
+//! memory was freed. Without the wait numpy-stream's plain run took 0.26–0.29 s straight after
+//! another, 1.1–2.2 s after 5 s idle or after a swap run, and which one a configuration got
+//! was its place in the run order (`auto` always ran after plain, plain after disk swap).
+//!
 //! Every finished run's output must be the plain run's (a mismatch is a failure of that run,
 //! reported, never averaged); a DLM run where the shim routed nothing is reported as such
 //! (it measured nothing of DLM). A run over its time budget is stopped; its time is a lower
@@ -368,6 +375,7 @@ impl Experiment for DlmPrograms {
                         }
                         let lim = limit.unwrap_or(local + (16 << 20));
                         let swap_limit = matches!(c, Config::Zram | Config::Disk).then_some((lim, limit.is_some()));
+                        crate::harness::settle_host_memory(ctx);
                         let (fate, o, rss) = run_one(&setup, p, c, local, lim, &reference)
                             .with_context(|| format!("{} at {pct}%, {}, repetition {rep}", p.job.name, c.label()))?;
                         // A run stopped at the budget held its memory too: its peak was
