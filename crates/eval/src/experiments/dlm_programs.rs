@@ -30,7 +30,7 @@
 //! its time includes allocating its memory (the plain program's footprint, the servers'
 //! copies), and on a VM whose balloon reports free pages that time depends on how long ago the
 //! memory was freed. Without the wait numpy-stream's plain run took 0.26–0.29 s straight after
-//! another, 1.1–2.2 s after 5 s idle or after a swap run, and which one a configuration got
+//! another, 1.1–1.7 s after 5 s idle or after a swap run, and which one a configuration got
 //! was its place in the run order (`auto` always ran after plain, plain after disk swap).
 //!
 //! Every finished run's output must be the plain run's (a mismatch is a failure of that run,
