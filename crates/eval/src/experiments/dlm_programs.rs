@@ -159,7 +159,7 @@ fn programs(mode: crate::Mode, dir: &Path) -> anyhow::Result<Vec<Program>> {
         Program { job: jobs::numpy(&sub("numpy")?, mode.pick(1 << 20, 8 << 20))?, comm: "python3" },
         // A 16 MB file made a program of a second (5% local memory, 1 MiB units) whose runs at
         // one fixed size took 0.82–1.25 s on a 2-core host: medians of 3 compared that noise,
-        // not sizes. With 32 MB: 1.4–1.9 s, a dozen tuning windows.
+        // not sizes. With 32 MB: 1.4–2.0 s, a dozen tuning windows.
         Program { job: jobs::numpy_stream(&sub("numpy-stream")?, mode.pick(32 << 20, 96 << 20))?, comm: "python3" },
     ])
 }

@@ -162,7 +162,7 @@ fn one_dear_pair_never_turns_a_sweeps_search_around() {
 }
 
 #[test]
-fn a_larger_unit_on_a_sweep_is_kept_unless_measured_slower() {
+fn a_larger_unit_on_a_sweep_is_kept_unless_clearly_slower() {
     // Every size costs the same per byte: by bytes streamed, the first look up (16 → 256) is
     // kept after its first pair; by the CPU measure, the first look up (16 → 64) is not.
     let flat = |streams: bool| move |_: u32, _: usize| Cost { per_cpu: 2.0, per_streamed_gb: streams.then_some(1.0) };
