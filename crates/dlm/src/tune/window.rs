@@ -97,9 +97,9 @@
 //! same reason a pair judged by bytes streamed never turns the search around by itself: one
 //! dear look at 1 MiB sent it back down (1.2–1.5× the best size); a second pair is taken. And
 //! the first look goes up, by the longest jump, when the window before it was a stream: the
-//! largest units are where a sweep gains most. When the program's start already
-//! streamed, that look is taken at once, without a home window measured first: the start's
-//! cost is start-up, so the trial is judged by the window after it alone. A quick sweep spends
+//! largest units are where a sweep gains most. When the program's start already streamed,
+//! that look is taken at once, without a home window measured first: the start's cost is
+//! start-up, so the trial is judged by the window after it alone. A quick sweep spends
 //! its first windows at the start size (numpy-stream at 79 MiB: 1.4× slower at 64 KiB than at
 //! 1 MiB, in a program of a second); a window sooner at 1 MiB took the quick numpy-stream from
 //! 1.21× the best fixed size to 1.08×, and numpy's FFT, multiply and sort from 1.20× to 1.07×
