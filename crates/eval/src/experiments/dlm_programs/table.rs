@@ -4,7 +4,7 @@
 
 use serde_json::json;
 
-use super::{Config, Fate, Run};
+use super::{Config, Fate, Run, BASELINE_REPS, DLM_REPS};
 use crate::{human_bytes, ratio, Plot, Report, Summary, Table};
 
 /// What one program gave.
@@ -105,7 +105,7 @@ fn best_fixed(p: &ProgramResult, pct: u64, configs: &[Config]) -> Option<(Config
         .min_by(|a, b| a.1.summary.median.total_cmp(&b.1.summary.median))
 }
 
-pub(crate) fn report(results: &[ProgramResult], percents: &[u64], configs: &[Config], reps: usize) -> Report {
+pub(crate) fn report(results: &[ProgramResult], percents: &[u64], configs: &[Config]) -> Report {
     let mut report = Report::default();
     let mut headers = vec!["program".to_string(), "local".into()];
     headers.extend(configs.iter().map(|c| c.label()));
@@ -228,7 +228,7 @@ pub(crate) fn report(results: &[ProgramResult], percents: &[u64], configs: &[Con
     first.append(&mut report.summary);
     report.summary = first;
     report.table(
-        format!("Median [min–max] of {reps} interleaved runs: seconds (7zz-b: 1000 / its rating); '>' some runs hit the budget (a lower bound); FAILED / not routed: see the next table"),
+        format!("Median [min–max] of {DLM_REPS} interleaved runs (plain, zram and disk swap: {BASELINE_REPS}): seconds (7zz-b: 1000 / its rating); '>' some runs hit the budget (a lower bound); FAILED / not routed: see the next table"),
         table,
     );
     if failed_runs > 0 {
@@ -238,7 +238,7 @@ pub(crate) fn report(results: &[ProgramResult], percents: &[u64], configs: &[Con
     let zram_note =
         if swap { "; `dlm_vs_zram_time` reported per program (DLM = auto; below 1: DLM faster)" } else { "" };
     report.note(format!(
-        "Targets (issue 22): `auto_vs_best_fixed_max` ≤ 1.15 (median of 3 at every share){zram_note}. Per-program keys are the worst share; `_Npct` keys each share. A ratio a run cut off by \
+        "Targets (issue 22): `auto_vs_best_fixed_max` ≤ 1.15 (medians of at least 3 at every share; {DLM_REPS} here){zram_note}. Per-program keys are the worst share; `_Npct` keys each share. A ratio a run cut off by \
          the budget enters is marked `_censored`. Every finished run's output was compared with the plain run's.",
     ));
     report
