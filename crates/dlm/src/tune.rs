@@ -164,6 +164,9 @@ pub struct Decision {
     /// The loop's time in seconds (windows: the window's wall seconds per second of the
     /// program's CPU time, `tune/window.rs`).
     pub loop_time: f64,
+    /// Windows that were a stream: wall seconds per GB streamed in or written back, the
+    /// measure a sweep is judged by (`tune/window.rs`, "Sweeps"); `None` otherwise.
+    pub seconds_per_streamed_gb: Option<f64>,
     pub reason: Reason,
 }
 
@@ -242,6 +245,7 @@ pub fn decide(cfg: &TunerConfig, state: &mut LoopState, touched: &Touched, time:
         old_size: cur as usize * cfg.base_page,
         new_size: new as usize * cfg.base_page,
         loop_time: time,
+        seconds_per_streamed_gb: None,
         reason,
     };
     state.set = new;
@@ -280,6 +284,7 @@ pub fn decide_early(
         old_size: cur as usize * cfg.base_page,
         new_size: new as usize * cfg.base_page,
         loop_time: time,
+        seconds_per_streamed_gb: None,
         reason,
     })
 }
@@ -319,7 +324,10 @@ pub fn format_table(decisions: &[Decision]) -> String {
     for d in decisions {
         let id = if d.loop_id == u64::MAX { "window".to_string() } else { d.loop_id.to_string() };
         let time = if d.loop_id == u64::MAX {
-            format!("{:.1} s per CPU s", d.loop_time)
+            match d.seconds_per_streamed_gb {
+                Some(gb) => format!("{:.1} s per CPU s, {gb:.2} s per GB streamed", d.loop_time),
+                None => format!("{:.1} s per CPU s", d.loop_time),
+            }
         } else {
             format!("{:.3} s", d.loop_time)
         };

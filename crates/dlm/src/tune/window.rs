@@ -25,13 +25,18 @@
 //!
 //! # The rule: paired trials, kept only if measured faster
 //! The tuner holds a *home* size. A trial alternates single windows: home, trial, home, trial,
-//! home. Each trial window is compared with the home windows on both sides of it (their
-//! geometric mean): a program drifting between phases moves both, so a phase change is not
-//! mistaken for a better size, and two pairs give two independent looks.
+//! home. Each trial window is compared with the home windows on both sides of it: a program
+//! drifting between phases moves both, so a drift is not mistaken for a better size, and two
+//! pairs give two independent looks. A pair says faster only when the trial beat *each* home
+//! window beside it, slower only when it lost to each: a phase that changes at the trial window
+//! moves one of them alone. Against their geometric mean, one pair of numpy-stream (home 1.23 s
+//! per GB, trial at 512 KiB 0.47, home 0.47) said "clearly faster"; the search then went on down
+//! through 128 and 256 KiB and the run took 3.0–3.3 s where the runs that stayed at 1 MiB took
+//! 1.9–2.0.
 //! - One pair decides at once when it is clear ([`CLEARLY_BETTER`], [`CLEARLY_WORSE`]): large
 //!   differences, the ones worth most, cost three windows.
-//! - Otherwise the trial becomes home when both pairs say faster and their mean by more than
-//!   [`BETTER_BY`].
+//! - Otherwise the trial becomes home when both pairs say faster and the geometric mean of
+//!   their ratios (each against the mean of its homes) by more than [`BETTER_BY`].
 //!
 //! Sizes are tried by jumps: the first look in each direction is [`FIRST_JUMP`] steps (×4), so
 //! far sizes are reached in few trials and the differences measured are large. A jump that was
@@ -157,24 +162,27 @@ impl Cost {
         Cost { per_cpu: cost_per_cpu, per_streamed_gb: stream.then(|| wall / ((streamed + written) as f64 / 1e9)) }
     }
 
-    /// The trial `self` over the geometric mean of the home windows around it. By the stream
-    /// measure when the trial was a stream and a home window beside it was (against that one
-    /// alone if only one was: the CPU measure is no guide to a sweep), else by the CPU one;
-    /// against the home after alone when the one before has no measure. As the product of
-    /// roots, which stays finite for costs up to f64::MAX; square roots only: the runtime needs
-    /// no libm (one library less in every process).
-    fn ratio(&self, before: &Cost, after: &Cost) -> (f64, Judged) {
-        if !before.valid() {
+    /// The trial `self` against the home windows around it. By the stream measure when the
+    /// trial was a stream and a home window beside it was (against that one alone if only one
+    /// was: the CPU measure is no guide to a sweep), else by the CPU one; against the home after
+    /// alone when the one before has no measure. Square roots only: the runtime needs no libm
+    /// (one library less in every process).
+    fn ratio(&self, before: &Cost, after: &Cost) -> Ratio {
+        let (t, b, a, judged) = match (self.per_streamed_gb, before.per_streamed_gb, after.per_streamed_gb) {
             // No measure before (the program's start): the window after alone.
-            return match (self.per_streamed_gb, after.per_streamed_gb) {
-                (Some(t), Some(home)) => (t / home, Judged::ByStream),
-                _ => (self.per_cpu / after.per_cpu, Judged::ByCpu),
-            };
-        }
-        match (self.per_streamed_gb, before.per_streamed_gb, after.per_streamed_gb) {
-            (Some(t), Some(b), Some(a)) => (t / (b.sqrt() * a.sqrt()), Judged::ByStream),
-            (Some(t), Some(home), None) | (Some(t), None, Some(home)) => (t / home, Judged::ByStream),
-            _ => (self.per_cpu / (before.per_cpu.sqrt() * after.per_cpu.sqrt()), Judged::ByCpu),
+            (Some(t), _, Some(home)) if !before.valid() => (t, home, home, Judged::ByStream),
+            _ if !before.valid() => (self.per_cpu, after.per_cpu, after.per_cpu, Judged::ByCpu),
+            (Some(t), Some(b), Some(a)) => (t, b, a, Judged::ByStream),
+            (Some(t), Some(home), None) | (Some(t), None, Some(home)) => (t, home, home, Judged::ByStream),
+            _ => (self.per_cpu, before.per_cpu, after.per_cpu, Judged::ByCpu),
+        };
+        let (by_before, by_after) = (t / b, t / a);
+        Ratio {
+            // As the product of roots, which stays finite for costs up to f64::MAX.
+            mean: t / (b.sqrt() * a.sqrt()),
+            lo: by_before.min(by_after),
+            hi: by_before.max(by_after),
+            judged,
         }
     }
 
@@ -183,6 +191,20 @@ impl Cost {
         let ok = |c: f64| c.is_finite() && c > 0.0;
         ok(self.per_cpu) && self.per_streamed_gb.is_none_or(ok)
     }
+}
+
+/// One pair: the trial window against the home windows before and after it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Ratio {
+    /// Over the geometric mean of the two (a steady drift between phases moves both).
+    mean: f64,
+    /// Over the dearer and the cheaper of the two: faster than both, slower than both. A
+    /// program that changes phase at the trial window moves one home window only, so the
+    /// mean alone would credit the size with the phase (numpy-stream at 151 MiB: home 1.23 s
+    /// per GB, trial at 512 KiB 0.47, home 0.47: 0.62 by the mean, "clearly faster").
+    lo: f64,
+    hi: f64,
+    judged: Judged,
 }
 
 /// Which measure compared a pair.
@@ -216,7 +238,7 @@ struct Pairs {
     count: u32,
     /// The product of their ratios (trial / home).
     product: f64,
-    /// Whether each said faster.
+    /// Whether each said faster than both home windows beside it.
     all_faster: bool,
     /// Whether each was judged by bytes streamed.
     all_streams: bool,
@@ -225,12 +247,12 @@ struct Pairs {
 impl Pairs {
     const NONE: Pairs = Pairs { count: 0, product: 1.0, all_faster: true, all_streams: true };
 
-    fn and(self, ratio: f64, judged: Judged) -> Pairs {
+    fn and(self, r: Ratio) -> Pairs {
         Pairs {
             count: self.count + 1,
-            product: self.product * ratio,
-            all_faster: self.all_faster && ratio < 1.0,
-            all_streams: self.all_streams && judged == Judged::ByStream,
+            product: self.product * r.mean,
+            all_faster: self.all_faster && r.hi < 1.0,
+            all_streams: self.all_streams && r.judged == Judged::ByStream,
         }
     }
 
@@ -342,15 +364,15 @@ impl WindowTuner {
                 (set, Reason::Explore)
             }
             Phase::Back { set, before, trial, pairs } => {
-                let (ratio, judged) = trial.ratio(&before, &cost);
-                let pairs = pairs.and(ratio, judged);
+                let r = trial.ratio(&before, &cost);
+                let pairs = pairs.and(r);
                 // At most two pairs: the second decides. A sweep at a larger unit fetches the
                 // same bytes in fewer faults: judged by bytes streamed, it is kept unless
                 // clearly slower.
                 let second = pairs.count == 2;
                 let faster = (second && pairs.all_faster && pairs.mean() < 1.0 - BETTER_BY)
                     || (pairs.all_streams && set > self.home && pairs.mean() < CLEARLY_WORSE);
-                if (pairs.count == 1 && ratio < CLEARLY_BETTER) || faster {
+                if (pairs.count == 1 && r.hi < CLEARLY_BETTER) || faster {
                     // Faster: it is home now; jump on the same way at once, further.
                     self.home = set;
                     self.jump = (self.jump + 1).min(MAX_JUMP);
@@ -358,14 +380,14 @@ impl WindowTuner {
                     self.settle = 1;
                     self.phase = Phase::Home { left: 1 };
                     (set, Reason::Better)
-                } else if pairs.count == 1 && (ratio <= CLEARLY_WORSE || judged == Judged::ByStream) {
+                } else if pairs.count == 1 && (r.lo <= CLEARLY_WORSE || r.judged == Judged::ByStream) {
                     // Not clear yet: a second pair, this window its home before. A sweep's cost
                     // per byte moves with its phases (a widening copy writes 8 bytes for each
                     // one read, a sum reads them all): one pair never turns its search around.
                     self.phase = Phase::Trial { set, before: cost, pairs };
                     (set, Reason::Explore)
                 } else {
-                    self.lost(cfg, cost, ratio > CLEARLY_WORSE)
+                    self.lost(cfg, cost, r.lo > CLEARLY_WORSE)
                 }
             }
         };
@@ -377,6 +399,7 @@ impl WindowTuner {
             old_size: cur as usize * cfg.base_page,
             new_size: next as usize * cfg.base_page,
             loop_time: cost.per_cpu,
+            seconds_per_streamed_gb: cost.per_streamed_gb,
             reason,
         };
         self.iterations += 1;

@@ -227,12 +227,18 @@ fn at_the_end_of_the_range_the_search_turns_around_by_a_single_step() {
 fn a_stream_trial_is_compared_with_the_home_windows_beside_it_that_were_streams() {
     let stream = |gb: f64| Cost { per_cpu: 10.0, per_streamed_gb: Some(gb) };
     let cpu_only = |c: f64| Cost { per_cpu: c, per_streamed_gb: None };
-    let is = |(ratio, by): (f64, Judged), want: f64, judged: Judged| (ratio - want).abs() < 1e-12 && by == judged;
+    let is = |r: Ratio, want: f64, judged: Judged| (r.mean - want).abs() < 1e-12 && r.judged == judged;
     // All three streams: the geometric mean of both homes.
     assert!(is(stream(1.0).ratio(&stream(4.0), &stream(1.0)), 0.5, Judged::ByStream));
+    // Faster than both, slower than both: against each home alone.
+    let r = stream(1.0).ratio(&stream(4.0), &stream(1.0));
+    assert_eq!((r.lo, r.hi), (0.25, 1.0));
     // One home a stream: that one alone, either side.
     assert!(is(stream(1.0).ratio(&stream(4.0), &cpu_only(1.0)), 0.25, Judged::ByStream));
     assert!(is(stream(1.0).ratio(&cpu_only(1.0), &stream(2.0)), 0.5, Judged::ByStream));
+    // The program's start before it (no measure): the home after alone.
+    let r = stream(1.0).ratio(&Cost::UNMEASURED, &stream(2.0));
+    assert!(is(r, 0.5, Judged::ByStream) && (r.lo, r.hi) == (0.5, 0.5), "{r:?}");
     // The trial not a stream, or neither home: the CPU measure.
     assert!(is(cpu_only(20.0).ratio(&stream(4.0), &stream(4.0)), 2.0, Judged::ByCpu));
     assert!(is(stream(1.0).ratio(&cpu_only(5.0), &cpu_only(20.0)), 1.0, Judged::ByCpu));
@@ -350,5 +356,16 @@ proptest! {
         let (t, _) = run_with(&Touched::default(), cost, 300);
         let got = t.home.trailing_zeros() as i64;
         prop_assert!((got - best as i64).abs() <= 1, "home 2^{} best 2^{}", got, best);
+    }
+}
+
+#[test]
+fn a_phase_change_at_a_trial_window_is_not_credited_to_its_size() {
+    // Every size costs the same; the program's cost halves or doubles between phases, so some
+    // trial windows open a cheaper phase (home 2.0, trial 1.0, home 1.0: 0.71 by the mean of
+    // the homes alone). Faster than one home window beside it is not faster: home never moves.
+    for len in 1..=6 {
+        let (t, sets) = run_with(&too_much(), |_, w| if (w / len) % 2 == 0 { 2.0 } else { 1.0 }, 120);
+        assert_eq!(t.home, 16, "phases of {len} windows: {sets:?}");
     }
 }
