@@ -167,7 +167,20 @@ pub struct Decision {
     /// Windows that were a stream: wall seconds per GB streamed in or written back, the
     /// measure a sweep is judged by (`tune/window.rs`, "Sweeps"); `None` otherwise.
     pub seconds_per_streamed_gb: Option<f64>,
+    /// Windows: how long the window was and what it moved (set by the runtime, which clocks
+    /// it); `None` for loops.
+    pub window: Option<WindowSeen>,
     pub reason: Reason,
+}
+
+/// What one tuning window saw.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct WindowSeen {
+    /// Wall seconds.
+    pub seconds: f64,
+    pub faults: u64,
+    /// Bytes fetched or zero-filled (demand and read-ahead).
+    pub fetched_bytes: u64,
 }
 
 /// One loop's history: its size and what the last change was.
@@ -246,6 +259,7 @@ pub fn decide(cfg: &TunerConfig, state: &mut LoopState, touched: &Touched, time:
         new_size: new as usize * cfg.base_page,
         loop_time: time,
         seconds_per_streamed_gb: None,
+        window: None,
         reason,
     };
     state.set = new;
@@ -285,6 +299,7 @@ pub fn decide_early(
         new_size: new as usize * cfg.base_page,
         loop_time: time,
         seconds_per_streamed_gb: None,
+        window: None,
         reason,
     })
 }

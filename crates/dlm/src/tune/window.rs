@@ -114,7 +114,11 @@
 //! A trial is at most two windows at another size, each a quarter of a home window
 //! ([`TRIAL_WINDOW_DIVISOR`]): programs of a second or less (HPC Challenge at 5% local memory,
 //! numpy at 25%) have little to gain from another size and lost 20–28% of their time to full
-//! length trials. Once settled, one trial per [`MAX_SETTLE_WINDOWS`] windows. Home only ever
+//! length trials. A trial window needs a quarter of a home window's faults, too: at the home's
+//! floor HPC Challenge's trials at 512 KiB (4 MiB local) lasted 0.16–0.18 s, 64 faults of
+//! 35 MB, in a run of 0.7 s; with 16, 0.14 s of 11 MB, and `auto` went from 1.08× the fixed
+//! 64 KiB to 0.96× (medians of 8 pairs). Once settled, one trial per [`MAX_SETTLE_WINDOWS`]
+//! windows. Home only ever
 //! moves to a size measured faster, or, on a sweep, to a larger one not measured clearly slower.
 
 use super::{Decision, Reason, Touched, TunerConfig};
@@ -129,9 +133,9 @@ pub const CLEARLY_WORSE: f64 = 1.25;
 pub const FIRST_JUMP: u32 = 2;
 /// The longest jump: each trial that wins makes the next jump the same way a step longer.
 pub const MAX_JUMP: u32 = 4;
-/// A trial window is this many times shorter than a window at home (but sees as many faults at
-/// least, `measure::MIN_WINDOW_FAULTS`): a slower size costs the program less of its time, and
-/// the paired comparison is of rates, which do not depend on the windows' lengths.
+/// A trial window is this many times shorter than a window at home, and needs this many times
+/// fewer faults (`measure::MIN_WINDOW_FAULTS`): a slower size costs the program less of its
+/// time, and the paired comparison is of rates, which do not depend on the windows' lengths.
 pub const TRIAL_WINDOW_DIVISOR: u32 = 4;
 /// The longest wait at home between trials once settled.
 pub const MAX_SETTLE_WINDOWS: u32 = 32;
@@ -400,6 +404,7 @@ impl WindowTuner {
             new_size: next as usize * cfg.base_page,
             loop_time: cost.per_cpu,
             seconds_per_streamed_gb: cost.per_streamed_gb,
+            window: None,
             reason,
         };
         self.iterations += 1;
