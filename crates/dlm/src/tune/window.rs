@@ -118,8 +118,8 @@
 //! floor HPC Challenge's trials at 512 KiB (4 MiB local) lasted 0.16–0.18 s, 64 faults of
 //! 35 MB, in a run of 0.7 s; with 16, 0.14 s of 11 MB, and `auto` went from 1.08× the fixed
 //! 64 KiB to 0.96× (medians of 8 pairs). Once settled, one trial per [`MAX_SETTLE_WINDOWS`]
-//! windows. Home only ever
-//! moves to a size measured faster, or, on a sweep, to a larger one not measured clearly slower.
+//! windows. Home only ever moves to a size measured faster, or, on a sweep, to a larger one not
+//! measured clearly slower.
 
 use super::{Decision, Reason, Touched, TunerConfig};
 
@@ -202,10 +202,8 @@ impl Cost {
 struct Ratio {
     /// Over the geometric mean of the two (a steady drift between phases moves both).
     mean: f64,
-    /// Over the dearer and the cheaper of the two: faster than both, slower than both. A
-    /// program that changes phase at the trial window moves one home window only, so the
-    /// mean alone would credit the size with the phase (numpy-stream at 151 MiB: home 1.23 s
-    /// per GB, trial at 512 KiB 0.47, home 0.47: 0.62 by the mean, "clearly faster").
+    /// Over the dearer and the cheaper of the two: faster than both, slower than both (a
+    /// phase that begins at the trial window moves one home window only: the module doc).
     lo: f64,
     hi: f64,
     judged: Judged,
