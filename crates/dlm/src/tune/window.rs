@@ -116,8 +116,8 @@
 //! numpy at 25%) have little to gain from another size and lost 20–28% of their time to full
 //! length trials. A trial window needs a quarter of a home window's faults, too: at the home's
 //! floor HPC Challenge's trials at 512 KiB (4 MiB local) lasted 0.16–0.18 s, 64 faults of
-//! 35 MB, in a run of 0.7 s; with 16, 0.14 s of 11 MB, and `auto` went from 1.08× the fixed
-//! 64 KiB to 0.96× (medians of 8 pairs). Once settled, one trial per [`MAX_SETTLE_WINDOWS`]
+//! 35 MB, in a run of 0.7 s; with 16, 0.14 s of 11 MB, and `auto` went from 1.06× the fixed 64 KiB
+//! to 0.96× (the median of 8 pairs' ratios). Once settled, one trial per [`MAX_SETTLE_WINDOWS`]
 //! windows. Home only ever moves to a size measured faster, or, on a sweep, to a larger one not
 //! measured clearly slower.
 
