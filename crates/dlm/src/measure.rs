@@ -217,6 +217,10 @@ mod tests {
         assert!(m.fault(Duration::from_micros(5), start + ms(50)));
         assert_eq!(m.decisions.len(), 2);
         assert_eq!(m.decisions[0].loop_id, WINDOW_ID);
+        // Each window's decision says how long it was and what it saw.
+        let seen = m.decisions[0].window.expect("a window's decision");
+        assert_eq!((seen.faults, seen.fetched_bytes), (MIN_WINDOW_FAULTS, 0));
+        assert!((seen.seconds - 0.020).abs() < 1e-9, "{seen:?}");
         m.reset_window(start + ms(40), ms(1010));
         // Cost: wall per CPU second of the program: 20 ms for 5 ms of work.
         assert!((m.decisions[0].loop_time - 4.0).abs() < 1e-9, "{:?}", m.decisions[0]);
@@ -256,8 +260,11 @@ mod tests {
         m.fetched(100_000, false);
         m.written(100_000);
         assert_eq!(m.close_window(&touched, start + ms(40), ms(10)), 8);
-        // The decision logs the CPU measure: 20 ms for 5 ms of work.
+        // The decision logs the CPU measure: 20 ms for 5 ms of work; and the stream measure,
+        // 20 ms for 900 kB streamed and 100 kB written back: 20 s per GB.
         assert!((m.decisions[1].loop_time - 4.0).abs() < 1e-9, "{:?}", m.decisions[1]);
+        assert!((m.decisions[1].seconds_per_streamed_gb.expect("a stream") - 20.0).abs() < 1e-9);
+        assert_eq!(m.decisions[1].window.map(|w| w.fetched_bytes), Some(1_000_000));
         // The next window counts afresh.
         assert_eq!((m.window_fetched, m.window_streamed, m.window_written), (0, 0, 0));
     }

@@ -501,6 +501,14 @@ mod tests {
         let t = format_table(&ds);
         assert!(t.contains("| 0 | 0 | 1280 | 1216 | 128KB → 64KB | 14.500 s | Shrink |"), "{t}");
         assert!(t.contains("| 0 | 1 | 2510 | 2432 | 64KB → 32KB |"), "{t}");
+        // A window's row gives its cost per CPU second, and per GB when it was a stream.
+        let window = Decision { loop_id: u64::MAX, loop_time: 6.04, seconds_per_streamed_gb: Some(0.5), ..ds[0] };
+        let t = format_table(&[window, Decision { seconds_per_streamed_gb: None, ..window }]);
+        assert!(
+            t.contains("| window | 0 | 1280 | 1216 | 128KB → 64KB | 6.0 s per CPU s, 0.50 s per GB streamed |"),
+            "{t}"
+        );
+        assert!(t.contains("| 6.0 s per CPU s | Shrink |"), "{t}");
     }
 
     fn touched_strategy() -> impl Strategy<Value = Touched> {
