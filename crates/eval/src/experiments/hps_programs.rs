@@ -573,7 +573,10 @@ mod tests {
         assert_eq!(super::wrappers_memory(sh.id()), 0, "a child of this process has no wrapper");
         sh.kill().unwrap();
         sh.wait().unwrap();
-        assert!(wrapper > 0 && (before.min(after)..=before.max(after)).contains(&wrapper), "{wrapper} vs {before}, {after}");
+        assert!(
+            wrapper > 0 && (before.min(after)..=before.max(after)).contains(&wrapper),
+            "{wrapper} vs {before}, {after}"
+        );
     }
 
     /// What HPS did is kept from the program's stderr; the program's own lines are not.
