@@ -132,7 +132,7 @@ pub(crate) fn memory_of(pid: u32) -> Option<u64> {
 /// `pagewise hps run`, the wrapper that started the program and waits for it; none in a plain
 /// run, whose program is this process's child. The user's machine pays for the wrapper as long
 /// as the program runs, so the memory compared is the program's and its wrapper's together.
-pub(crate) fn wrappers_memory(pid: u32) -> u64 {
+fn wrappers_memory(pid: u32) -> u64 {
     let status = |p: u32| pagewise_kernel::procfs::read_status(pagewise_kernel::procfs::Pid::Id(p as i32)).ok();
     let me = std::process::id();
     let mut total = 0;
