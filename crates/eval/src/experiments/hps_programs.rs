@@ -132,17 +132,22 @@ pub(crate) fn memory_of(pid: u32) -> Option<u64> {
 /// `pagewise hps run`, the wrapper that started the program and waits for it; none in a plain
 /// run, whose program is this process's child. The user's machine pays for the wrapper as long
 /// as the program runs, so the memory compared is the program's and its wrapper's together.
+/// A program no longer below this process (its wrapper died and it was reparented) has no
+/// wrapper to count: the walk up would sum unrelated ancestors.
 fn wrappers_memory(pid: u32) -> u64 {
     let status = |p: u32| pagewise_kernel::procfs::read_status(pagewise_kernel::procfs::Pid::Id(p as i32)).ok();
     let me = std::process::id();
     let mut total = 0;
     let mut up = status(pid).map(|st| st.ppid as u32);
-    while let Some(p) = up.filter(|&p| p != me && p > 1) {
+    while let Some(p) = up.filter(|&p| p > 1) {
+        if p == me {
+            return total;
+        }
         let Some(st) = status(p) else { break };
         total += st.vmrss.unwrap_or(0) * 1024;
         up = Some(st.ppid as u32);
     }
-    total
+    0
 }
 
 /// A program's memory with its wrapper's (module doc), and the wrapper's part of it.
