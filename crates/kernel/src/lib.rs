@@ -29,6 +29,7 @@ pub mod pagemap_scan;
 pub mod private_dir;
 pub mod probe;
 pub mod procfs;
+pub mod shrink;
 pub mod signal;
 pub mod swap;
 pub mod testbed;
