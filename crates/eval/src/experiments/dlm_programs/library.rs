@@ -22,8 +22,11 @@ const BT_LIKE: &str = include_str!("../../../programs/bt_like.c");
 const BT_LIBRARY: &str = include_str!("../../../programs/bt_library.c");
 /// bt_like's arrays.
 const ARRAYS: u64 = 7;
-/// Pairs per case: the fewest whose median has a 95% interval (`stats::median_ci95`).
-const REPS: usize = 6;
+/// Pairs per case. The difference sought is a few percent, where single runs on this VM kind
+/// spread ±15%: with 6 pairs (the fewest whose median has a 95% interval,
+/// `stats::median_ci95`) the interval was the pairs' whole range, 0.91–1.29 at 4 KiB; with 16
+/// it runs from the 4th to the 13th. A pair takes 1–3 s.
+const REPS: usize = 16;
 /// (unit, percent of the arrays as local memory).
 const CASES: [(u64, u64); 2] = [(4 << 10, 5), (128 << 10, 50)];
 /// Progress steps: both sides of each case, each repetition.
