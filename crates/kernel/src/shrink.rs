@@ -34,6 +34,7 @@ pub fn unchanged_file_ranges(maps: &MemoryMaps) -> Vec<(usize, usize)> {
 }
 
 /// Unmap this process's unchanged file pages (module doc); the bytes that were mapped there.
+/// Fails only where /proc/self/smaps cannot be read.
 /// Only for a process whose threads do not map, write or re-protect files meanwhile (a
 /// wrapper about to wait): a range read from smaps is advised as it was then.
 pub fn unmap_unchanged_file_pages() -> Result<u64> {
@@ -44,9 +45,11 @@ pub fn unmap_unchanged_file_pages() -> Result<u64> {
     let mut unmapped = 0;
     for (addr, len) in unchanged_file_ranges(&maps) {
         // Private and read-only, with no anonymous page: every resident page is the file's
-        // page-cache page, and the next touch maps the same bytes again.
-        madvise(addr, len, Advice::DontNeed)?;
-        unmapped += rss_of(addr).unwrap_or(0);
+        // page-cache page, and the next touch maps the same bytes again. A range the kernel
+        // refuses (a device's pages) stays mapped as it was; the others are still given back.
+        if madvise(addr, len, Advice::DontNeed).is_ok() {
+            unmapped += rss_of(addr).unwrap_or(0);
+        }
     }
     Ok(unmapped)
 }
