@@ -75,8 +75,9 @@ pub(crate) fn spawn(cmd: &mut Command, name: &str) -> anyhow::Result<(Child, For
 ///
 /// The machine pays for the wrapper for as long as the program runs, so it first gives back
 /// what starting the program left it holding: the file pages it mapped (4.9 of its 5.3 MiB,
-/// `pagewise_kernel::shrink`) and the free memory of its heap. Its only other thread
-/// (the signal thread) maps, writes and re-protects nothing.
+/// `pagewise_kernel::shrink`) and the free memory of its heap. Safe while its other threads
+/// (the signal thread, readers of the servers' output) run: none of them unmaps, writes or
+/// re-protects a file mapping, the only kind given back.
 pub(crate) fn wait(mut child: Child, foreground: Foreground, name: &str) -> anyhow::Result<ExitStatus> {
     // Best effort: a wrapper that could not shrink still waits and cleans up.
     let _ = pagewise_kernel::shrink::unmap_unchanged_file_pages();
