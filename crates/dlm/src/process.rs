@@ -67,9 +67,9 @@ impl ServerProcess {
             return Err(std::io::Error::other(format!("dlm-server did not start: {line:?}")));
         };
         let addr = addr.to_string();
+        // Drained, not kept: a server that logs for hours must not grow this process.
         std::thread::spawn(move || {
-            let mut sink = Vec::new();
-            let _ = err.read_to_end(&mut sink);
+            let _ = std::io::copy(&mut err, &mut std::io::sink());
         });
         Ok(ServerProcess { child, addr })
     }
