@@ -14,41 +14,42 @@
 //! relocated pages are) reads back the same bytes from the file after MADV_DONTNEED. The
 //! pages stay in the page cache; the next touch maps them again.
 
-use procfs_core::process::{MMPermissions, MMapPath, MemoryMaps, VmFlags};
+use procfs_core::process::{MMPermissions, MMapPath, MemoryMap, MemoryMaps, VmFlags};
 
 use crate::mem::{madvise, Advice};
 use crate::procfs::{read_smaps, Pid};
 use crate::Result;
 
-/// The ranges of `maps` (from smaps) whose resident pages are all the file's own: private,
+/// The mappings of `maps` (from smaps) whose resident pages are all the file's own: private,
 /// not writable, file-backed, not locked, resident, and without an anonymous page.
-pub fn unchanged_file_ranges(maps: &MemoryMaps) -> Vec<(usize, usize)> {
+fn unchanged_file_maps(maps: &MemoryMaps) -> impl Iterator<Item = &MemoryMap> {
     maps.iter()
         .filter(|m| matches!(m.pathname, MMapPath::Path(_)))
         .filter(|m| m.perms.contains(MMPermissions::PRIVATE) && !m.perms.contains(MMPermissions::WRITE))
         .filter(|m| !m.extension.vm_flags.contains(VmFlags::LO))
         .filter(|m| m.extension.map.get("Anonymous") == Some(&0))
         .filter(|m| m.extension.map.get("Rss").is_some_and(|&rss| rss > 0))
-        .map(|m| (m.address.0 as usize, (m.address.1 - m.address.0) as usize))
-        .collect()
+}
+
+/// (address, length) of each mapping [`unchanged_file_maps`] gives back.
+pub fn unchanged_file_ranges(maps: &MemoryMaps) -> Vec<(usize, usize)> {
+    unchanged_file_maps(maps).map(|m| (m.address.0 as usize, (m.address.1 - m.address.0) as usize)).collect()
 }
 
 /// Unmap this process's unchanged file pages (module doc); the bytes that were mapped there.
-/// Fails only where /proc/self/smaps cannot be read.
 /// Only for a process whose threads do not map, write or re-protect files meanwhile (a
-/// wrapper about to wait): a range read from smaps is advised as it was then.
+/// wrapper about to wait): a range read from smaps is advised as it was then. Fails only
+/// where /proc/self/smaps cannot be read.
 pub fn unmap_unchanged_file_pages() -> Result<u64> {
     let maps = read_smaps(Pid::SelfProcess)?;
-    let rss_of = |addr: usize| {
-        maps.iter().find(|m| m.address.0 as usize == addr).and_then(|m| m.extension.map.get("Rss").copied())
-    };
     let mut unmapped = 0;
-    for (addr, len) in unchanged_file_ranges(&maps) {
+    for m in unchanged_file_maps(&maps) {
+        let (addr, end) = (m.address.0 as usize, m.address.1 as usize);
         // Private and read-only, with no anonymous page: every resident page is the file's
         // page-cache page, and the next touch maps the same bytes again. A range the kernel
         // refuses (a device's pages) stays mapped as it was; the others are still given back.
-        if madvise(addr, len, Advice::DontNeed).is_ok() {
-            unmapped += rss_of(addr).unwrap_or(0);
+        if madvise(addr, end - addr, Advice::DontNeed).is_ok() {
+            unmapped += m.extension.map.get("Rss").copied().unwrap_or(0);
         }
     }
     Ok(unmapped)

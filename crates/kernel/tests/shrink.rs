@@ -24,6 +24,4 @@ fn unmapped_code_still_runs_and_reads_the_same_bytes() {
         let after = unsafe { std::slice::from_raw_parts(a as *const u8, len.min(4096)) };
         assert_eq!(after, &before[..], "the page at {a:#x} reads back other bytes");
     }
-    // This code ran after its own pages were unmapped: it faulted them back in.
-    assert_eq!((1..=10u64).sum::<u64>(), 55);
 }
