@@ -20,7 +20,7 @@
  * such fork would otherwise wait for a copy the exec throws away.
  *
  * A forked child also gets the program's CPUs back when its parent was pinned to one CPU with
- * the runtime's handler (docs/dlm.md, "The handler keeps the program company"): the child has
+ * the runtime's handler (docs/dlm-run.md, "The handler keeps the program company"): the child has
  * no handler to keep it company. */
 #define _GNU_SOURCE
 #include <errno.h>

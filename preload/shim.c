@@ -1,6 +1,6 @@
 /* The Pagewise LD_PRELOAD shim: routes a program's large memory into a Pagewise arena
  * (arena.h) without changing the program, and keeps every call the program makes on that
- * memory meaningful. `pagewise run` (DLM) and `pagewise hps run` set it up; see docs/dlm.md.
+ * memory meaningful. `pagewise run` (DLM) and `pagewise hps run` set it up; see docs/dlm-run.md.
  *
  * What is routed (size >= PAGEWISE_PRELOAD_MIN_ALLOC):
  * - anonymous private read-write mmap — without an address, with a hint, MAP_FIXED or

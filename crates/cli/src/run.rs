@@ -52,7 +52,7 @@ pub struct DlmOptions {
     local_mem: String,
     /// The paging unit: a size (4K..64M, a power of two), or `auto`: the tuner tries sizes from
     /// 4 KiB to --max-page-size while the program runs, starting in the middle, and keeps the
-    /// one it measures fastest (docs/dlm.md).
+    /// one it measures fastest (docs/dlm-run.md).
     #[arg(long, default_value = "auto")]
     page_size: String,
     /// Largest unit under `--page-size auto`.
@@ -81,7 +81,7 @@ pub struct DlmOptions {
     /// Leave the program's CPUs alone. By default, while the program has one thread, the
     /// fault handler pins that thread and itself to one CPU, and gives the masks back when the
     /// program starts more threads: a fault's two wake-ups and its TLB flushes then stay on
-    /// one CPU (docs/dlm.md, "The handler keeps the program company").
+    /// one CPU (docs/dlm-run.md, "The handler keeps the program company").
     #[arg(long)]
     no_colocate: bool,
     /// What a child made by fork(2) without exec gets of the program's routed memory: `copy`,
