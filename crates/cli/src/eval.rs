@@ -22,7 +22,7 @@ pub const FEATURES: &[Feature] = &[
         needs: &[Capability::ThpEnabled, Capability::Userfaultfd, Capability::MadvCollapseShmem],
     },
     // Sets THP to `always` for some runs (guarded); `pagewise hps run` tracks and collapses.
-    // Waits for free page reporting to go idle before each batch run (harness::settle_host_memory).
+    // Brings the host's memory to one state before each batch run (harness::prepare_host_memory).
     Feature {
         name: "pagewise eval hps-programs",
         needs: &[
@@ -100,6 +100,14 @@ pub struct Args {
     /// (dlm-fault, dlm-autotune, dlm-programs, dlm-failover); needs root.
     #[arg(long, value_name = "PROFILE")]
     net: Option<String>,
+    /// For the experiments that time third-party programs (hps-programs, dlm-programs): the
+    /// state of the host's memory each measured run starts from, on a VM whose balloon reports
+    /// free pages. `taken-back`: the host must back what the program allocates again, a fault
+    /// at a time, as on a VM that has been idle. `backed`: backed already, as on bare metal
+    /// (the harness faults in and frees the program's footprint before each run). Elsewhere
+    /// the two are one.
+    #[arg(long, value_name = "STATE", default_value = "taken-back")]
+    host_memory: pagewise_eval::HostMemory,
 }
 
 /// The profiles `--net` names (None: no testbed).
@@ -182,7 +190,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     for exp in selected {
         for &net in &nets {
             let dir = pagewise_eval::harness::result_dir_on(&args.out, exp.name(), mode, net);
-            match run_experiment_on(exp, mode, net, &args.out, args.quiet) {
+            match run_experiment_on(exp, mode, net, args.host_memory, &args.out, args.quiet) {
                 Ok(markdown) => {
                     println!("{markdown}");
                     println!("(results in {})\n", dir.display());

@@ -19,7 +19,7 @@ pub mod report;
 pub mod sample;
 pub mod stats;
 
-pub use harness::{interleave, run_experiment, run_experiment_on, Context, Experiment, Mode};
+pub use harness::{interleave, run_experiment, run_experiment_on, Context, Experiment, HostMemory, Mode};
 pub use report::{Censored, Plot, Report, Table};
 pub use stats::{ratio, Latency, Summary};
 

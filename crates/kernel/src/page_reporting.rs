@@ -11,15 +11,18 @@
 //! too, less: 0.4–0.8 s a GiB against 0.39). Which one a run gets depends on how long ago the
 //! memory it allocates was freed — by the previous run of an experiment, say — so back-to-back
 //! runs alternate between the two, and a configuration's place in the run order becomes part of
-//! its figure. [`settle`] waits until reporting is idle, so every run starts from the same state:
-//! free memory returned to the host, as on a machine that has been idle.
+//! its figure. Two states can be reached on purpose: [`settle`] waits until reporting is idle
+//! (free memory returned to the host, as on a VM that has been idle), and [`back_free_memory`]
+//! then has the host back a given amount of it again (as on bare metal, where there is no host
+//! to fault: the state whose figures spread least).
 //!
 //! Read-only: reporting belongs to the machine's own management, and nothing here writes to it.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::error::{read_trimmed, read_u64};
+use crate::error::{read_trimmed, read_u64, Result};
+use crate::mem::{align_up, Advice, MapOptions, Mapping, HUGE_PMD};
 
 /// The page reporting module's parameters (built in: CONFIG_PAGE_REPORTING).
 const PARAMS: &str = "/sys/module/page_reporting/parameters";
@@ -154,6 +157,24 @@ pub fn settle(reporting: Option<&PageReporting>, rule: SettleRule) -> Settled {
     }
 }
 
+/// Have the host back `bytes` of free memory again: fault in a private anonymous mapping of
+/// that size (hugepages where the THP policy allows them) and unmap it. Its blocks go back to
+/// the head of the free lists, where the next allocations find them, and stay backed until a
+/// reporting pass takes them (one [`REPORTING_DELAY`] after they were freed, at the soonest):
+/// a program started at once allocates memory that costs no host fault. Call it after
+/// [`settle`], or a pass already under way may take the blocks first.
+pub fn back_free_memory(bytes: usize) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    let len = align_up(bytes, HUGE_PMD);
+    let m = Mapping::anonymous(len, &MapOptions { align: Some(HUGE_PMD), noreserve: true, ..Default::default() })?;
+    // Hugepages fault the range in 512 times faster; where THP is off the advice fails and
+    // the populate goes 4 KiB at a time, backing the same memory.
+    let _ = m.advise(Advice::HugePage);
+    m.advise(Advice::PopulateWrite)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,6 +212,17 @@ mod tests {
         let short_cap = SettleRule { cap: S(1000), ..rule };
         assert_eq!(short_cap.step(S(0), None), SettleStep::Wait(S(1000)));
         assert_eq!(short_cap.step(S(1000), None), SettleStep::GaveUp);
+    }
+
+    #[test]
+    fn backing_free_memory_leaves_nothing_mapped() {
+        let rss = || crate::procfs::read_status(crate::procfs::Pid::SelfProcess).unwrap().vmrss.unwrap();
+        let before = rss();
+        back_free_memory(64 << 20).unwrap();
+        back_free_memory(0).unwrap();
+        // The 64 MiB were resident for a moment and are unmapped again: RSS is back within
+        // what other test threads may have allocated meanwhile.
+        assert!(rss() < before + 32 * 1024, "{} KiB resident after, {before} KiB before", rss());
     }
 
     #[test]

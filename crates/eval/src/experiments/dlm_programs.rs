@@ -26,10 +26,13 @@
 //!   its group's OOM killer ends is reported as failed (xz -9 in 6–12 MiB with zram swap is
 //!   killed after 36,000–600,000 major faults on this VM).
 //!
-//! Every run starts once free page reporting is idle ([`crate::harness::settle_host_memory`]):
-//! its time includes allocating its memory (the plain program's footprint, the servers'
-//! copies), and on a VM whose balloon reports free pages that time depends on how long ago the
-//! memory was freed. Without the wait numpy-stream's plain run took 0.26–0.29 s straight after
+//! Every run starts from one state of the host's memory
+//! ([`crate::harness::prepare_host_memory`], `--host-memory`): by default once free page
+//! reporting is idle, every run allocating memory the host has to back again (the program's,
+//! the servers' copies, swap's); with `backed`, twice the plain run's footprint plus 64 MiB
+//! faulted in and freed just before, as on bare metal. A run's time includes allocating that
+//! memory, and on a VM whose balloon reports free pages that time depends on how long ago the
+//! memory was freed. Left to chance, numpy-stream's plain run took 0.26–0.29 s straight after
 //! another, 1.1–1.7 s after 5 s idle or after a swap run, and which one a configuration got
 //! was its place in the run order (`auto` always ran after plain, plain after disk swap).
 //!
@@ -406,7 +409,8 @@ impl Experiment for DlmPrograms {
                         }
                         let lim = limit.unwrap_or(local + (16 << 20));
                         let swap_limit = matches!(c, Config::Zram | Config::Disk).then_some((lim, limit.is_some()));
-                        crate::harness::settle_host_memory(ctx);
+                        // The program's memory and the servers' (or swap's) copy of it.
+                        crate::harness::prepare_host_memory(ctx, 2 * footprint + (64 << 20))?;
                         let (fate, o, rss) = run_one(&setup, p, c, local, lim, &reference)
                             .with_context(|| format!("{} at {pct}%, {}, repetition {rep}", p.job.name, c.label()))?;
                         // A run stopped at the budget held its memory too: its peak was
