@@ -352,40 +352,10 @@ impl Experiment for HpsPrograms {
         ctx.start_progress((progs.len() * CONFIGS.len() * reps) as u64, "runs");
         let budget = Duration::from_secs(mode.pick(300, 1800));
         let mut results: Vec<ProgramRuns> = Vec::new();
+        let setup = Setup { pagewise: &pagewise, guard: &guard, machine: &machine, dir, budget, reps };
         for p in &progs {
-            let mut reference: Option<String> = None;
             let mut failure = None;
-            // A batch program's largest memory so far (`--host-memory backed` backs it).
-            let footprint = std::cell::Cell::new(0u64);
-            let runs = (|| {
-                if let Workload::Batch { job, comm } = &p.work {
-                    // Unmeasured: the reference output, the footprint, and the page cache
-                    // warmed alike for every configuration.
-                    ctx.message(format!("{} plain (unmeasured)", p.name));
-                    let (run, out) = run_batch(&pagewise, job, comm, Config::Plain, None, budget)?;
-                    reference = Some(out);
-                    footprint.set(run.memory);
-                }
-                crate::interleave(ctx, &CONFIGS, reps, |&c, rep| {
-                    ctx.message(format!("{} {} #{rep}", p.name, c.label()));
-                    set_thp(&guard, c, &machine)?;
-                    let r = match &p.work {
-                        Workload::Batch { job, comm } => {
-                            // Its time includes allocating its memory: start it from the state
-                            // every run gets (the module doc).
-                            let f = footprint.get();
-                            crate::harness::prepare_host_memory(ctx, f + f / 4 + (64 << 20))?;
-                            let (run, _) = run_batch(&pagewise, job, comm, c, reference.as_deref(), budget)?;
-                            footprint.set(f.max(run.memory));
-                            run
-                        }
-                        Workload::Server(load) => run_server(&pagewise, load, c, dir)?,
-                    };
-                    set_thp(&guard, Config::Plain, &machine)?;
-                    Ok(r)
-                })
-            })();
-            let runs = match runs {
+            let runs = match measure(ctx, p, &setup) {
                 Ok(r) => r,
                 Err(e) => {
                     // A program that fails under one configuration is reported, and the others go on.
@@ -403,6 +373,49 @@ impl Experiment for HpsPrograms {
         drop(scratch);
         Ok(report(&results, reps, &machine))
     }
+}
+
+/// What every run of a program needs from the experiment.
+struct Setup<'a> {
+    pagewise: &'a Path,
+    guard: &'a SettingsGuard,
+    /// The machine's THP policy, given back after each run.
+    machine: &'a str,
+    dir: &'a Path,
+    budget: Duration,
+    reps: usize,
+}
+
+/// Every run of program `p`, configurations interleaved.
+fn measure(ctx: &Context, p: &Program, s: &Setup) -> anyhow::Result<Vec<Vec<Run>>> {
+    // A batch program runs once unmeasured (plain): its reference output, its footprint (what
+    // `--host-memory backed` backs), and the page cache warm alike for every configuration.
+    let primed = match &p.work {
+        Workload::Batch { job, comm } => {
+            ctx.message(format!("{} plain (unmeasured)", p.name));
+            Some(run_batch(s.pagewise, job, comm, Config::Plain, None, s.budget)?)
+        }
+        Workload::Server(_) => None,
+    };
+    let reference = primed.as_ref().map(|(_, out)| out.as_str());
+    let mut footprint = primed.as_ref().map_or(0, |(run, _)| run.memory);
+    crate::interleave(ctx, &CONFIGS, s.reps, |&c, rep| {
+        ctx.message(format!("{} {} #{rep}", p.name, c.label()));
+        set_thp(s.guard, c, s.machine)?;
+        let r = match &p.work {
+            Workload::Batch { job, comm } => {
+                // Its time includes allocating its memory: start it from the state every run
+                // gets (the module doc).
+                crate::harness::prepare_host_memory(ctx, footprint + footprint / 4 + (64 << 20))?;
+                let (run, _) = run_batch(s.pagewise, job, comm, c, reference, s.budget)?;
+                footprint = footprint.max(run.memory);
+                run
+            }
+            Workload::Server(load) => run_server(s.pagewise, load, c, s.dir)?,
+        };
+        set_thp(s.guard, Config::Plain, s.machine)?;
+        Ok(r)
+    })
 }
 
 /// A program's runs per configuration, or why it failed.
