@@ -120,7 +120,7 @@ impl Context {
 /// drift of the machine hits every configuration alike, and counterbalanced: repetition `r`
 /// starts at configuration `r mod n` (A B C, B C A, C A B, …), so no configuration always
 /// runs right after the same other one. What a run leaves behind — memory freed a moment ago
-/// is still backed by the host, memory freed seconds ago is not ([`settle_host_memory`]);
+/// is still backed by the host, memory freed seconds ago is not ([`prepare_host_memory`]);
 /// warm caches — otherwise favours one position in the order every time: on hps-programs'
 /// numpy run, back-to-back runs alternated between 1.9 s and 2.5 s, and a fixed order turned
 /// that into a 1.16× "difference" between two configurations that, settled, ran alike. The
@@ -146,29 +146,24 @@ pub fn interleave<C, T>(
 /// Wait until the host has taken back the memory earlier runs freed (free page reporting,
 /// [`pagewise_kernel::page_reporting`]), so that the next run allocates from the same state
 /// as every other: memory the host has to back again, as on a machine that has been idle.
-/// Returns at once where nothing reports free pages. An experiment whose runs allocate and
-/// free a lot calls it, or [`prepare_host_memory`], before each measured run.
-pub fn settle_host_memory(ctx: &Context) {
-    let reporting = pagewise_kernel::page_reporting::probe();
-    if reporting.is_none() {
-        return;
-    }
-    let s = pagewise_kernel::page_reporting::settle(reporting.as_ref(), Default::default());
+fn settle_host_memory(ctx: &Context, reporting: &pagewise_kernel::page_reporting::PageReporting) {
+    let s = pagewise_kernel::page_reporting::settle(Some(reporting), Default::default());
     if s.gave_up {
         ctx.log(format!("free page reporting still at work after {:.0} s; measuring anyway", s.waited.as_secs_f64()));
     }
 }
 
 /// Bring the host's memory to the state `--host-memory` asks for, before a measured run that
-/// allocates about `bytes`: reporting idle ([`settle_host_memory`]), and for `backed`, `bytes`
-/// of free memory (at most half of what is available) faulted in and freed
+/// allocates about `bytes`: reporting idle, and for `backed`, `bytes` of free memory (at most
+/// half of what is available) faulted in and freed
 /// ([`pagewise_kernel::page_reporting::back_free_memory`]), where the run's allocations find it.
-/// Returns at once where nothing reports free pages.
+/// Returns at once where nothing reports free pages. An experiment whose runs allocate and
+/// free a lot calls it before each measured run.
 pub fn prepare_host_memory(ctx: &Context, bytes: u64) -> anyhow::Result<()> {
-    if pagewise_kernel::page_reporting::probe().is_none() {
+    let Some(reporting) = pagewise_kernel::page_reporting::probe() else {
         return Ok(());
-    }
-    settle_host_memory(ctx);
+    };
+    settle_host_memory(ctx, &reporting);
     if ctx.host_memory == HostMemory::TakenBack {
         return Ok(());
     }

@@ -28,9 +28,9 @@
 //! 1.4–1.9 s in a run from backed memory. They also change which baseline is faster: THP
 //! `always` ran the JVM in 1.40× plain's time from memory taken back and in 0.83× from backed
 //! memory, where its 2 MiB faults are cheap. Servers start at once; each is filled, read for a
-//! warm-up of the same time in every configuration (quick 4 s, full 12 s: HPS tracks and promotes there;
-//! redis-server under `pagewise hps run` took 1.5–2.5 s of reads to settle at plain's CPU
-//! per pass), and timed on the reads after it: a server's throughput is its steady state. What
+//! warm-up of the same time in every configuration (quick 4 s, full 12 s: HPS tracks and
+//! promotes there; redis-server under `pagewise hps run` took 1.5–2.5 s of reads to settle at
+//! plain's CPU per pass), and timed on the reads after it: a server's throughput is its steady state. What
 //! getting there cost is reported apart, as the server's CPU time up to the end of the warm-up.
 //!
 //! Servers also report the CPU time the server process used for the measured reads (HPS's
